@@ -1,0 +1,68 @@
+# Everything a fresh Debian/Ubuntu machine needs, in dependency order:
+# system packages -> .venv -> the C++ extension -> tests / demo / benchmarks.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+APT_PACKAGES := libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler pkg-config
+SYSTEM_STAMP := build/.system-deps
+VENV_STAMP := $(VENV)/.deps-installed
+EXT_STAMP := build/.extension-built
+EXT_SOURCES := setup.py $(wildcard protos/*.proto) $(shell find csrc -name '*.h' -o -name '*.cc' 2>/dev/null)
+
+PYTEST_ARGS ?=
+BENCH_ARGS ?=
+
+.PHONY: all build test demo bench lint format clean system-deps
+
+all: build
+
+system-deps: $(SYSTEM_STAMP)
+$(SYSTEM_STAMP):
+	@mkdir -p build
+	@if pkg-config --exists grpc++ protobuf 2>/dev/null && command -v protoc >/dev/null && command -v grpc_cpp_plugin >/dev/null; then \
+		echo "gRPC C++ and protobuf found"; \
+	elif command -v apt-get >/dev/null; then \
+		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q $(APT_PACKAGES); \
+	else \
+		echo "error: gRPC C++ and protobuf development files are missing and apt-get is not available." >&2; \
+		echo "Install these with your package manager, then run make again:" >&2; \
+		echo "  gRPC C++ (headers, libgrpc++, grpc_cpp_plugin), protobuf (headers, libprotobuf, protoc), pkg-config" >&2; \
+		echo "  Debian/Ubuntu names: $(APT_PACKAGES)" >&2; \
+		exit 1; \
+	fi
+	@touch $@
+
+$(VENV_STAMP): requirements-dev.txt
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -r requirements-dev.txt
+	@touch $@
+
+$(EXT_STAMP): $(SYSTEM_STAMP) $(VENV_STAMP) $(EXT_SOURCES)
+	$(PIP) install -q --no-build-isolation -e .
+	@touch $@
+
+build: $(EXT_STAMP)
+
+test: build
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+demo: build
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) examples/demo.py
+
+bench: build
+	$(PY) benchmarks/collectives.py --quick $(BENCH_ARGS)
+	$(PY) benchmarks/ddp_step.py --quick $(BENCH_ARGS)
+
+lint: $(VENV_STAMP)
+	$(VENV)/bin/ruff check torch_grpc_pg tests benchmarks examples setup.py
+	$(VENV)/bin/ruff format --check torch_grpc_pg tests benchmarks examples setup.py
+
+format: $(VENV_STAMP)
+	$(VENV)/bin/ruff format torch_grpc_pg tests benchmarks examples setup.py
+
+clean:
+	rm -rf build torch_grpc_pg/_proto torch_grpc_pg/*.so *.egg-info

@@ -1,0 +1,104 @@
+#include "algorithms/collective.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "algorithms/collective_error.h"
+
+namespace tgpg {
+
+Collective::Collective(Messenger& messenger, int rank, int world, OpType op, uint64_t seq,
+                       DType dtype, uint64_t count, std::chrono::milliseconds timeout,
+                       size_t chunk_bytes,
+                       std::shared_ptr<SendTracker> tracker, uint32_t root)
+    : messenger_(messenger),
+      rank_(rank),
+      world_(world),
+      op_(op),
+      seq_(seq),
+      dtype_(dtype),
+      count_(count),
+      timeout_(timeout),
+      deadline_(std::chrono::steady_clock::now() + timeout),
+      element_size_(element_size(dtype)),
+      chunk_elements_(std::max<size_t>(1, chunk_bytes / element_size(dtype))),
+      tracker_(std::move(tracker)),
+      root_(root) {}
+
+std::string Collective::describe() const {
+  std::ostringstream out;
+  out << op_name(op_) << " #" << seq_ << " (" << dtype_name(dtype_) << ", " << count_
+      << " elements";
+  if (op_ == OpType::Broadcast) out << ", root " << root_;
+  out << ")";
+  return out.str();
+}
+
+void Collective::send(int dst, const std::byte* base, uint64_t offset, uint64_t n) {
+  FrameHeader header;
+  header.seq = seq_;
+  header.op = static_cast<uint32_t>(op_);
+  header.dtype = static_cast<uint32_t>(dtype_);
+  header.count = count_;
+  header.offset = offset;
+  header.src_rank = static_cast<uint32_t>(rank_);
+  header.root = root_;
+  const ByteView payload = n == 0 ? ByteView{} : ByteView{base + offset * element_size_, n * element_size_};
+  messenger_.send(dst, header, payload, tracker_);
+}
+
+ReceivedFrame Collective::recv(int src, uint64_t offset, uint64_t n) {
+  ReceivedFrame frame;
+  try {
+    frame = messenger_.recv(src, deadline_);
+  } catch (const PeerTimeout&) {
+    throw CollectiveError(describe() + " on rank " + std::to_string(rank_) + " timed out after " +
+                          std::to_string(timeout_.count()) + " ms waiting for data from rank " +
+                          std::to_string(src) + ". Rank " + std::to_string(src) +
+                          " may be dead, stalled, or not calling this collective; if it is only "
+                          "slow, raise the timeout of init_process_group or new_group.");
+  } catch (const CollectiveError& e) {
+    throw CollectiveError(describe() + " on rank " + std::to_string(rank_) + " failed: " + e.what());
+  }
+  const FrameHeader& h = frame.header;
+  if (h.kind == FrameKind::Abort) {
+    throw CollectiveError(describe() + " on rank " + std::to_string(rank_) + " failed because rank " +
+                          std::to_string(h.src_rank) + " failed: " + h.error);
+  }
+  if (h.seq != seq_ || h.op != static_cast<uint32_t>(op_) ||
+      h.dtype != static_cast<uint32_t>(dtype_) || h.count != count_ || h.root != root_) {
+    fail_mismatch(src, h);
+  }
+  if (h.offset != offset || frame.payload_bytes() != n * element_size_) {
+    std::ostringstream out;
+    out << describe() << " on rank " << rank_ << ": rank " << src << " sent "
+        << frame.payload_bytes() << " bytes at element " << h.offset << " where " << n * element_size_
+        << " bytes at element " << offset
+        << " were expected. The ranks disagree on the chunk size: set TORCH_GRPC_PG_CHUNK_BYTES "
+           "to the same value on every rank.";
+    throw CollectiveError(out.str());
+  }
+  return frame;
+}
+
+void Collective::wait_sends_released() {
+  if (!tracker_->wait_released(deadline_)) {
+    throw CollectiveError(describe() + " on rank " + std::to_string(rank_) + " timed out after " +
+                          std::to_string(timeout_.count()) +
+                          " ms waiting for its peers to take the data it sent. A peer may be "
+                          "stalled; if it is only slow, raise the process group timeout.");
+  }
+}
+
+void Collective::fail_mismatch(int src, const FrameHeader& theirs) const {
+  std::ostringstream out;
+  out << describe() << " on rank " << rank_ << " does not match rank " << src << ", which is running "
+      << op_name(theirs.op) << " #" << theirs.seq << " ("
+      << dtype_name(static_cast<DType>(theirs.dtype)) << ", " << theirs.count << " elements";
+  if (theirs.op == static_cast<uint32_t>(OpType::Broadcast)) out << ", root " << theirs.root;
+  out << "). Every rank of a process group must call the same collectives in the same order, "
+         "with the same dtypes, sizes and roots.";
+  throw CollectiveError(out.str());
+}
+
+}  // namespace tgpg

@@ -1,0 +1,63 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "algorithms/dtype.h"
+#include "algorithms/messenger.h"
+#include "algorithms/op_type.h"
+
+namespace tgpg {
+
+// One running collective as seen by one rank: who it is, what it moves, and
+// until when. Every frame it sends carries this identity and every frame it
+// receives is checked against it.
+class Collective {
+ public:
+  Collective(Messenger& messenger, int rank, int world, OpType op, uint64_t seq, DType dtype,
+             uint64_t count, std::chrono::milliseconds timeout, size_t chunk_bytes,
+             std::shared_ptr<SendTracker> tracker, uint32_t root = 0);
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  int next() const { return (rank_ + 1) % world_; }
+  int prev() const { return (rank_ + world_ - 1) % world_; }
+  DType dtype() const { return dtype_; }
+  uint64_t count() const { return count_; }
+  uint32_t root() const { return root_; }
+  size_t element_bytes() const { return element_size_; }
+  size_t chunk_elements() const { return chunk_elements_; }
+  Deadline deadline() const { return deadline_; }
+
+  // "allreduce #12 (float32, 1000 elements)"
+  std::string describe() const;
+
+  // Sends elements [offset, offset + n) of `base` to `dst` without copying them.
+  void send(int dst, const std::byte* base, uint64_t offset, uint64_t n);
+  // Receives the frame for elements [offset, offset + n) from `src`, after
+  // checking that `src` is running this very collective.
+  ReceivedFrame recv(int src, uint64_t offset, uint64_t n);
+  // Blocks until the transport has released every payload this collective sent.
+  void wait_sends_released();
+
+ private:
+  [[noreturn]] void fail_mismatch(int src, const FrameHeader& theirs) const;
+
+  Messenger& messenger_;
+  int rank_;
+  int world_;
+  OpType op_;
+  uint64_t seq_;
+  DType dtype_;
+  uint64_t count_;
+  std::chrono::milliseconds timeout_;
+  Deadline deadline_;
+  size_t element_size_;
+  size_t chunk_elements_;
+  std::shared_ptr<SendTracker> tracker_;
+  uint32_t root_;
+};
+
+}  // namespace tgpg

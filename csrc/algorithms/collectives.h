@@ -1,0 +1,30 @@
+#pragma once
+
+#include <cstddef>
+
+#include "algorithms/collective.h"
+#include "algorithms/reduce_op.h"
+
+namespace tgpg {
+
+// Each function runs one collective over a contiguous host buffer on behalf of
+// one rank and returns once this rank's part is done and its buffer final.
+// All ranks must call the same function with matching arguments.
+
+// Combines `buf` across ranks in place. Small buffers go to every peer at once
+// (one round trip); large ones take the bandwidth-optimal ring: reduce-scatter
+// then allgather, chunked so that sending, receiving and reducing overlap.
+void allreduce(Collective& c, std::byte* buf, ReduceOp op, size_t direct_max_bytes);
+
+// Copies the root's `buf` to every rank, pipelined along the ring from the root.
+void broadcast(Collective& c, std::byte* buf, size_t direct_max_bytes);
+
+// `out` holds world blocks of c.count() elements; this rank's block must
+// already be in place. Fills in the others around the ring.
+void allgather(Collective& c, std::byte* out);
+
+// Returns once every rank has entered the barrier (dissemination barrier:
+// ceil(log2(world)) rounds of one message).
+void barrier(Collective& c);
+
+}  // namespace tgpg

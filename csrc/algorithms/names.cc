@@ -1,0 +1,79 @@
+#include "algorithms/dtype.h"
+#include "algorithms/op_type.h"
+#include "algorithms/reduce_op.h"
+
+namespace tgpg {
+
+size_t element_size(DType dtype) {
+  switch (dtype) {
+    case DType::Float64:
+    case DType::Int64:
+      return 8;
+    case DType::Float32:
+    case DType::Int32:
+      return 4;
+    case DType::Float16:
+    case DType::BFloat16:
+    case DType::Int16:
+      return 2;
+    case DType::Int8:
+    case DType::UInt8:
+    case DType::Bool:
+      return 1;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::Float32: return "float32";
+    case DType::Float64: return "float64";
+    case DType::Float16: return "float16";
+    case DType::BFloat16: return "bfloat16";
+    case DType::Int8: return "int8";
+    case DType::Int16: return "int16";
+    case DType::Int32: return "int32";
+    case DType::Int64: return "int64";
+    case DType::UInt8: return "uint8";
+    case DType::Bool: return "bool";
+  }
+  return "unknown dtype";
+}
+
+bool is_floating(DType dtype) {
+  return dtype == DType::Float32 || dtype == DType::Float64 || dtype == DType::Float16 ||
+         dtype == DType::BFloat16;
+}
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "SUM";
+    case ReduceOp::Product: return "PRODUCT";
+    case ReduceOp::Min: return "MIN";
+    case ReduceOp::Max: return "MAX";
+    case ReduceOp::BitAnd: return "BAND";
+    case ReduceOp::BitOr: return "BOR";
+    case ReduceOp::BitXor: return "BXOR";
+  }
+  return "unknown op";
+}
+
+const char* op_name(OpType op) { return op_name(static_cast<uint32_t>(op)); }
+
+const char* op_name(uint32_t op) {
+  switch (static_cast<OpType>(op)) {
+    case OpType::Allreduce: return "allreduce";
+    case OpType::Broadcast: return "broadcast";
+    case OpType::Allgather: return "allgather";
+    case OpType::Barrier: return "barrier";
+    case OpType::AllreduceCoalesced: return "allreduce_coalesced";
+    case OpType::Reduce: return "reduce";
+    case OpType::Gather: return "gather";
+    case OpType::Scatter: return "scatter";
+    case OpType::ReduceScatter: return "reduce_scatter";
+    case OpType::Alltoall: return "alltoall";
+  }
+  return "unknown collective";
+}
+
+}  // namespace tgpg

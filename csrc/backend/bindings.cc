@@ -1,0 +1,49 @@
+// The Python module torch_grpc_pg._C: one factory that torch_grpc_pg's
+// registration calls for every new process group.
+#include <pybind11/chrono.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/utils/pybind.h>
+
+#include "backend/process_group_grpc.h"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_C, m) {
+  // Registers c10d::Backend and c10d::Store with pybind11 before they are used here.
+  py::module_::import("torch.distributed");
+
+  py::class_<tgpg::ProcessGroupGrpc, c10d::Backend, c10::intrusive_ptr<tgpg::ProcessGroupGrpc>>(
+      m, "ProcessGroupGrpc", "The grpc backend of one process group on this rank.")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       std::chrono::milliseconds timeout, const std::string& group_name,
+                       const std::string& bind_host, int port, const std::string& advertise_host,
+                       bool unix_sockets, const std::string& auth_token, const std::string& tls_cert,
+                       const std::string& tls_key, const std::string& tls_ca,
+                       const std::string& tls_server_name, size_t chunk_bytes, size_t direct_max_bytes,
+                       size_t max_queued_frames, std::chrono::milliseconds connect_timeout) {
+             tgpg::BackendOptions options;
+             options.timeout = timeout;
+             options.group_name = group_name;
+             options.chunk_bytes = chunk_bytes;
+             options.direct_max_bytes = direct_max_bytes;
+             options.transport.bind_host = bind_host;
+             options.transport.port = port;
+             options.transport.advertise_host = advertise_host;
+             options.transport.unix_sockets = unix_sockets;
+             options.transport.auth_token = auth_token;
+             options.transport.tls_cert_file = tls_cert;
+             options.transport.tls_key_file = tls_key;
+             options.transport.tls_ca_file = tls_ca;
+             options.transport.tls_server_name = tls_server_name;
+             options.transport.max_queued_frames = max_queued_frames;
+             options.transport.connect_timeout = connect_timeout;
+             return c10::make_intrusive<tgpg::ProcessGroupGrpc>(store, rank, size, std::move(options));
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group_name"),
+           py::arg("bind_host"), py::arg("port"), py::arg("advertise_host"), py::arg("unix_sockets"),
+           py::arg("auth_token"), py::arg("tls_cert"), py::arg("tls_key"), py::arg("tls_ca"),
+           py::arg("tls_server_name"), py::arg("chunk_bytes"), py::arg("direct_max_bytes"),
+           py::arg("max_queued_frames"), py::arg("connect_timeout"),
+           // Rendezvous waits on the store and on peers; other Python threads run meanwhile.
+           py::call_guard<py::gil_scoped_release>());
+}

@@ -1,0 +1,81 @@
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "algorithms/collective.h"
+#include "backend/grpc_work.h"
+#include "backend/op_queue.h"
+#include "transport/group_transport.h"
+#include "transport/transport_config.h"
+
+namespace tgpg {
+
+struct BackendOptions {
+  TransportConfig transport;
+  size_t chunk_bytes = 1 << 20;        // ring pipelining granularity
+  size_t direct_max_bytes = 64 << 10;  // at or below: one round trip to every peer instead of the ring
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  std::string group_name;
+};
+
+// The c10d backend "grpc": turns torch's collective calls into jobs on one
+// worker thread that run the ring algorithms over the gRPC transport.
+class ProcessGroupGrpc : public c10d::Backend {
+ public:
+  ProcessGroupGrpc(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, BackendOptions options);
+  ~ProcessGroupGrpc() override;
+
+  const std::string getBackendName() const override { return "grpc"; }
+  void setTimeout(std::chrono::milliseconds timeout) override { options_.timeout = timeout; }
+  uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
+  void setSequenceNumberForGroup() override {}
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+  void shutdown() override;
+  void abort() override;
+
+ private:
+  using Body = std::function<void(uint64_t seq, std::chrono::milliseconds timeout)>;
+
+  // Issues `body` on the worker thread and returns its Work at once.
+  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* title,
+                                         const std::vector<at::Tensor>& inputs,
+                                         std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
+                                         Body body);
+  Collective collective(OpType op, uint64_t seq, DType dtype, uint64_t count,
+                        std::chrono::milliseconds timeout, std::shared_ptr<void> keepalive,
+                        uint32_t root = 0);
+  std::chrono::milliseconds timeout_of(std::chrono::milliseconds requested) const;
+  std::string where(const char* op) const;
+  void rendezvous(const c10::intrusive_ptr<c10d::Store>& store);
+
+  BackendOptions options_;
+  std::unique_ptr<GroupTransport> messenger_;
+  std::atomic<uint64_t> seq_{0};
+  OpQueue queue_;
+};
+
+}  // namespace tgpg

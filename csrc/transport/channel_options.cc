@@ -1,0 +1,99 @@
+#include "transport/channel_options.h"
+
+#include <grpc/grpc.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/security/server_credentials.h>
+
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace tgpg {
+namespace {
+
+constexpr int kWindowBytes = 16 << 20;
+constexpr int kReadChunkBytes = 4 << 20;
+constexpr int kMaxFrameBytes = (1 << 24) - 1;  // the largest HTTP/2 allows
+
+template <typename Setter>
+void set_common_arguments(Setter&& set) {
+  set(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, -1);
+  set(GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, -1);
+  set(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kWindowBytes);
+  set(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kMaxFrameBytes);
+  set(GRPC_ARG_HTTP2_BDP_PROBE, 1);
+  set(GRPC_ARG_TCP_READ_CHUNK_SIZE, kReadChunkBytes);
+  set(GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 256 << 10);
+  set(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, kReadChunkBytes);
+  // A peer that vanishes without closing its socket (a host that lost power)
+  // is noticed by keepalive pings instead of waiting for the op timeout alone.
+  set(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
+  set(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+  set(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  set(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+}
+
+std::string read_file(const std::string& path, const char* what) {
+  std::ifstream in(path);
+  if (!in) {
+    throw std::runtime_error(std::string("cannot read the ") + what + " file '" + path +
+                             "'; check the path given in the TLS options");
+  }
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  return contents.str();
+}
+
+bool tls_enabled(const TransportConfig& config) {
+  return !config.tls_cert_file.empty() || !config.tls_ca_file.empty();
+}
+
+}  // namespace
+
+grpc::ChannelArguments channel_arguments(const TransportConfig& config) {
+  grpc::ChannelArguments args;
+  set_common_arguments([&](const char* key, int value) { args.SetInt(key, value); });
+  // Every link gets its own TCP connection, so that process groups and peers do
+  // not share one connection's flow-control window.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  if (tls_enabled(config) && !config.tls_server_name.empty()) {
+    args.SetSslTargetNameOverride(config.tls_server_name);
+  }
+  return args;
+}
+
+void apply_server_options(grpc::ServerBuilder& builder) {
+  builder.SetMaxReceiveMessageSize(-1);
+  builder.SetMaxSendMessageSize(-1);
+  set_common_arguments([&](const char* key, int value) { builder.AddChannelArgument(key, value); });
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+}
+
+std::shared_ptr<grpc::ServerCredentials> server_credentials(const TransportConfig& config) {
+  if (!tls_enabled(config)) return grpc::InsecureServerCredentials();
+  if (config.tls_cert_file.empty() || config.tls_key_file.empty()) {
+    throw std::runtime_error(
+        "TLS needs both a certificate and a key: set TORCH_GRPC_PG_TLS_CERT and TORCH_GRPC_PG_TLS_KEY");
+  }
+  grpc::SslServerCredentialsOptions options(
+      config.tls_ca_file.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                                 : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  if (!config.tls_ca_file.empty()) options.pem_root_certs = read_file(config.tls_ca_file, "TLS CA");
+  options.pem_key_cert_pairs.push_back(
+      {read_file(config.tls_key_file, "TLS key"), read_file(config.tls_cert_file, "TLS certificate")});
+  return grpc::SslServerCredentials(options);
+}
+
+std::shared_ptr<grpc::ChannelCredentials> channel_credentials(const TransportConfig& config) {
+  if (!tls_enabled(config)) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions options;
+  if (!config.tls_ca_file.empty()) options.pem_root_certs = read_file(config.tls_ca_file, "TLS CA");
+  if (!config.tls_cert_file.empty()) {
+    options.pem_private_key = read_file(config.tls_key_file, "TLS key");
+    options.pem_cert_chain = read_file(config.tls_cert_file, "TLS certificate");
+  }
+  return grpc::SslCredentials(options);
+}
+
+}  // namespace tgpg

@@ -1,0 +1,59 @@
+#include "transport/endpoint.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace tgpg {
+namespace {
+
+std::string first_line(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+}  // namespace
+
+std::string Endpoint::serialize() const { return "v1\n" + machine + "\n" + tcp + "\n" + unix_path; }
+
+Endpoint Endpoint::parse(const std::string& text) {
+  std::istringstream in(text);
+  std::string version;
+  Endpoint e;
+  std::getline(in, version);
+  std::getline(in, e.machine);
+  std::getline(in, e.tcp);
+  std::getline(in, e.unix_path);
+  if (version != "v1" || e.tcp.empty()) {
+    throw std::runtime_error("a peer published an address this version cannot read ('" + text +
+                             "'); install the same torch-grpc-pg release on every rank");
+  }
+  return e;
+}
+
+std::string local_machine_id() {
+  struct stat mnt {};
+  const bool has_ns = ::stat("/proc/self/ns/mnt", &mnt) == 0;
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  return std::string(host) + "/" + first_line("/proc/sys/kernel/random/boot_id") + "/" +
+         (has_ns ? std::to_string(mnt.st_ino) : std::string("-"));
+}
+
+std::string default_advertise_host() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') return "127.0.0.1";
+  return host;
+}
+
+std::string dial_target(const Endpoint& self, const Endpoint& peer, bool unix_sockets) {
+  if (unix_sockets && !peer.unix_path.empty() && peer.machine == self.machine) return "unix:" + peer.unix_path;
+  return peer.tcp;
+}
+
+}  // namespace tgpg

@@ -1,0 +1,38 @@
+#pragma once
+
+// The transport as the backend glue sees it. This header includes neither gRPC
+// nor protobuf, so that translation units compiled against torch's headers
+// (which ship their own protobuf) never meet the system's.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "algorithms/messenger.h"
+#include "transport/transport_config.h"
+
+namespace tgpg {
+
+class GroupTransport : public Messenger {
+ public:
+  // What to publish in the store so that peers can reach this rank.
+  virtual std::string local_endpoint() const = 0;
+  // Every rank's published endpoint, in rank order; once, before the first send.
+  virtual void set_peer_endpoints(const std::vector<std::string>& endpoints) = 0;
+  // Connects and handshakes now rather than at the first send, so that
+  // address problems surface while the group is created.
+  virtual void connect(int peer) = 0;
+
+  // Marks the group failed: every wait, now and later, throws `reason`.
+  virtual void fail(const std::string& reason) = 0;
+  virtual bool failed() const = 0;
+  virtual std::string failure() const = 0;
+  // Closes every stream; the group cannot be used afterwards.
+  virtual void shut_down() = 0;
+};
+
+// Starts (or joins) this process's gRPC server and registers the group there.
+std::unique_ptr<GroupTransport> create_group_transport(const TransportConfig& config,
+                                                       const std::string& group_key, int rank, int world);
+
+}  // namespace tgpg

@@ -1,0 +1,55 @@
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "transport/endpoint.h"
+#include "transport/group_transport.h"
+#include "transport/mailbox.h"
+#include "transport/peer_link.h"
+#include "transport/rank_server.h"
+#include "transport/transport_config.h"
+
+namespace tgpg {
+
+// The Messenger of one process group on this rank, over gRPC. Receives through
+// the process's shared RankServer; sends on one PeerLink per peer, opened on
+// first use.
+class GrpcMessenger : public GroupTransport {
+ public:
+  GrpcMessenger(const TransportConfig& config, std::string group_key, int rank, int world);
+  ~GrpcMessenger() override;
+
+  std::string local_endpoint() const override { return self_.serialize(); }
+  void set_peer_endpoints(const std::vector<std::string>& endpoints) override;
+  void connect(int peer) override;
+
+  void send(int dst, const FrameHeader& header, ByteView payload,
+            const std::shared_ptr<SendTracker>& tracker) override;
+  ReceivedFrame recv(int src, Deadline deadline) override;
+  void abort_peers(const std::string& reason) override;
+
+  void fail(const std::string& reason) override { mailbox_->fail(reason); }
+  bool failed() const override { return mailbox_->failed(); }
+  std::string failure() const override { return mailbox_->failure(); }
+  void shut_down() override;
+
+ private:
+  PeerLink& link(int peer);
+
+  TransportConfig config_;
+  std::string group_key_;
+  int rank_;
+  int world_;
+  std::shared_ptr<RankServer> server_;
+  std::shared_ptr<Mailbox> mailbox_;
+  Endpoint self_;
+  std::vector<Endpoint> peers_;
+  std::mutex links_mutex_;
+  std::vector<std::unique_ptr<PeerLink>> links_;
+  bool shut_down_ = false;
+};
+
+}  // namespace tgpg

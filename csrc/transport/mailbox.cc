@@ -1,0 +1,86 @@
+#include "transport/mailbox.h"
+
+#include "algorithms/collective_error.h"
+
+namespace tgpg {
+
+Mailbox::Mailbox(int rank, int world, size_t max_queued_frames)
+    : rank_(rank), max_queued_(std::max<size_t>(1, max_queued_frames)), sources_(world) {}
+
+bool Mailbox::deliver(int src, ReceivedFrame frame, const std::shared_ptr<ReadGate>& gate) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (shut_down_) return true;
+  Source& source = sources_.at(src);
+  source.frames.push_back(std::move(frame));
+  arrived_.notify_all();
+  if (source.frames.size() < max_queued_) return true;
+  source.paused = gate;
+  return false;
+}
+
+void Mailbox::close_source(int src, const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Source& source = sources_.at(src);
+  if (source.closed) return;
+  source.closed = true;
+  source.closed_reason = reason;
+  source.paused.reset();
+  arrived_.notify_all();
+}
+
+void Mailbox::fail(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!failure_.empty()) return;
+  failure_ = reason;
+  arrived_.notify_all();
+}
+
+void Mailbox::shut_down() {
+  std::vector<std::shared_ptr<ReadGate>> paused;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    shut_down_ = true;
+    if (failure_.empty()) failure_ = "the process group was destroyed";
+    for (Source& source : sources_) {
+      source.frames.clear();
+      if (source.paused) paused.push_back(std::move(source.paused));
+    }
+    arrived_.notify_all();
+  }
+  // Paused streams must read on, to drain and see their end.
+  for (auto& gate : paused) gate->resume();
+}
+
+ReceivedFrame Mailbox::take(int src, Deadline deadline) {
+  std::shared_ptr<ReadGate> to_resume;
+  ReceivedFrame frame;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    Source& source = sources_.at(src);
+    const bool ready = arrived_.wait_until(lock, deadline, [&] {
+      return !failure_.empty() || !source.frames.empty() || source.closed;
+    });
+    if (!failure_.empty()) throw CollectiveError(failure_);
+    if (!ready) throw PeerTimeout("timed out");
+    if (source.frames.empty()) throw CollectiveError(source.closed_reason);
+    frame = std::move(source.frames.front());
+    source.frames.pop_front();
+    // Resume at half capacity rather than at once, so a stream is not paused
+    // and resumed for every frame.
+    if (source.paused && source.frames.size() <= max_queued_ / 2) to_resume = std::move(source.paused);
+  }
+  if (to_resume) to_resume->resume();
+  return frame;
+}
+
+bool Mailbox::failed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !failure_.empty();
+}
+
+std::string Mailbox::failure() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failure_;
+}
+
+}  // namespace tgpg

@@ -1,0 +1,25 @@
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+
+namespace tgpg {
+
+// Settings of the gRPC transport. The Python package fills them from
+// torch_grpc_pg.Options and TORCH_GRPC_PG_* environment variables (README).
+struct TransportConfig {
+  std::string bind_host = "0.0.0.0";  // where the server listens
+  int port = 0;                       // 0: an ephemeral port
+  std::string advertise_host;         // what peers dial; empty: this host's name
+  bool unix_sockets = true;           // dial peers on the same host over a unix socket
+  std::string auth_token;             // peers must present the same token
+  std::string tls_cert_file;          // PEM; enables TLS with tls_key_file
+  std::string tls_key_file;
+  std::string tls_ca_file;            // PEM; verifies peers, and with TLS on both sides, mutual TLS
+  std::string tls_server_name;        // name expected in peers' certificates; empty: the dialled host
+  size_t max_queued_frames = 8;       // received frames held per peer before reading pauses
+  std::chrono::milliseconds connect_timeout{60000};
+};
+
+}  // namespace tgpg

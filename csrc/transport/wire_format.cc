@@ -1,0 +1,175 @@
+#include "transport/wire_format.h"
+
+#include <grpcpp/support/slice.h>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "torch_grpc_pg.pb.h"
+
+namespace tgpg {
+namespace {
+
+// Protobuf tags of Frame's fields: (field number << 3) | wire type 2 (length-delimited).
+constexpr uint8_t kHeaderTag = (1 << 3) | 2;
+constexpr uint8_t kPayloadTag = (2 << 3) | 2;
+
+void append_varint(std::string& out, uint64_t value) {
+  while (value >= 0x80) {
+    out.push_back(static_cast<char>((value & 0x7f) | 0x80));
+    value >>= 7;
+  }
+  out.push_back(static_cast<char>(value));
+}
+
+torch_grpc_pg::FrameHeader to_proto(const FrameHeader& h) {
+  torch_grpc_pg::FrameHeader p;
+  p.set_kind(static_cast<torch_grpc_pg::FrameKind>(h.kind));
+  p.set_seq(h.seq);
+  p.set_op(h.op);
+  p.set_dtype(h.dtype);
+  p.set_count(h.count);
+  p.set_offset(h.offset);
+  p.set_src_rank(h.src_rank);
+  p.set_root(h.root);
+  p.set_error(h.error);
+  return p;
+}
+
+FrameHeader from_proto(const torch_grpc_pg::FrameHeader& p) {
+  FrameHeader h;
+  h.kind = static_cast<FrameKind>(p.kind());
+  h.seq = p.seq();
+  h.op = p.op();
+  h.dtype = p.dtype();
+  h.count = p.count();
+  h.offset = p.offset();
+  h.src_rank = p.src_rank();
+  h.root = p.root();
+  h.error = p.error();
+  return h;
+}
+
+// Reads the leading bytes of a message spread over slices.
+class SliceReader {
+ public:
+  explicit SliceReader(const std::vector<grpc::Slice>& slices) : slices_(slices) {}
+
+  uint8_t byte() {
+    skip_empty();
+    if (index_ == slices_.size()) throw std::runtime_error("frame ends early");
+    return slices_[index_].begin()[pos_++];
+  }
+
+  uint64_t varint() {
+    uint64_t value = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      const uint8_t b = byte();
+      value |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if ((b & 0x80) == 0) return value;
+    }
+    throw std::runtime_error("malformed varint in frame");
+  }
+
+  std::string bytes(size_t n) {
+    std::string out;
+    out.reserve(n);
+    while (out.size() < n) {
+      skip_empty();
+      if (index_ == slices_.size()) throw std::runtime_error("frame header ends early");
+      const size_t take = std::min(n - out.size(), slices_[index_].size() - pos_);
+      out.append(reinterpret_cast<const char*>(slices_[index_].begin() + pos_), take);
+      pos_ += take;
+    }
+    return out;
+  }
+
+  bool at_end() {
+    skip_empty();
+    return index_ == slices_.size();
+  }
+
+  std::vector<ByteView> rest() {
+    std::vector<ByteView> views;
+    for (; index_ < slices_.size(); ++index_, pos_ = 0) {
+      const grpc::Slice& s = slices_[index_];
+      if (s.size() > pos_) {
+        views.push_back({reinterpret_cast<const std::byte*>(s.begin() + pos_), s.size() - pos_});
+      }
+    }
+    return views;
+  }
+
+ private:
+  void skip_empty() {
+    while (index_ < slices_.size() && pos_ == slices_[index_].size()) {
+      ++index_;
+      pos_ = 0;
+    }
+  }
+
+  const std::vector<grpc::Slice>& slices_;
+  size_t index_ = 0;
+  size_t pos_ = 0;
+};
+
+struct PayloadRelease {
+  std::function<void()> release;
+};
+
+void release_payload(void* user_data) {
+  std::unique_ptr<PayloadRelease> owned(static_cast<PayloadRelease*>(user_data));
+  if (owned->release) owned->release();
+}
+
+}  // namespace
+
+grpc::ByteBuffer encode_frame(const FrameHeader& header, ByteView payload,
+                              std::function<void()> release) {
+  const std::string header_bytes = to_proto(header).SerializeAsString();
+  std::string prefix;
+  prefix.reserve(header_bytes.size() + 24);
+  prefix.push_back(static_cast<char>(kHeaderTag));
+  append_varint(prefix, header_bytes.size());
+  prefix += header_bytes;
+  prefix.push_back(static_cast<char>(kPayloadTag));
+  append_varint(prefix, payload.size);
+
+  std::vector<grpc::Slice> slices;
+  slices.emplace_back(prefix);
+  if (payload.size > 0) {
+    // gRPC takes ownership of the release hook and calls it when it drops the slice.
+    auto hook = std::make_unique<PayloadRelease>(PayloadRelease{std::move(release)});
+    slices.emplace_back(const_cast<std::byte*>(payload.data), payload.size, &release_payload,
+                        hook.release());
+  } else if (release) {
+    release();
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+ReceivedFrame decode_frame(grpc::ByteBuffer&& buffer) {
+  auto slices = std::make_shared<std::vector<grpc::Slice>>();
+  if (!buffer.Dump(slices.get()).ok()) throw std::runtime_error("unreadable frame");
+  SliceReader reader(*slices);
+  if (reader.byte() != kHeaderTag) throw std::runtime_error("frame does not start with a header");
+  const std::string header_bytes = reader.bytes(reader.varint());
+  torch_grpc_pg::FrameHeader proto;
+  if (!proto.ParseFromString(header_bytes)) throw std::runtime_error("malformed frame header");
+
+  ReceivedFrame frame;
+  frame.header = from_proto(proto);
+  // proto3 encoders leave out an empty payload field; ours always writes it.
+  if (!reader.at_end()) {
+    if (reader.byte() != kPayloadTag) throw std::runtime_error("frame has no payload field");
+    const uint64_t payload_size = reader.varint();
+    frame.payload = reader.rest();
+    if (frame.payload_bytes() != payload_size) throw std::runtime_error("frame payload is truncated");
+  }
+  frame.owner = std::move(slices);
+  return frame;
+}
+
+}  // namespace tgpg
