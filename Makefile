@@ -51,18 +51,18 @@ test: build
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 demo: build
-	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) examples/demo.py
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m torch_grpc_pg.demo
 
 bench: build
 	$(PY) benchmarks/collectives.py --quick $(BENCH_ARGS)
 	$(PY) benchmarks/ddp_step.py --quick $(BENCH_ARGS)
 
 lint: $(VENV_STAMP)
-	$(VENV)/bin/ruff check torch_grpc_pg tests benchmarks examples setup.py
-	$(VENV)/bin/ruff format --check torch_grpc_pg tests benchmarks examples setup.py
+	$(VENV)/bin/ruff check torch_grpc_pg tests benchmarks setup.py
+	$(VENV)/bin/ruff format --check torch_grpc_pg tests benchmarks setup.py
 
 format: $(VENV_STAMP)
-	$(VENV)/bin/ruff format torch_grpc_pg tests benchmarks examples setup.py
+	$(VENV)/bin/ruff format torch_grpc_pg tests benchmarks setup.py
 
 clean:
 	rm -rf build torch_grpc_pg/_proto torch_grpc_pg/*.so *.egg-info
