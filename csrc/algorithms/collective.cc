@@ -6,6 +6,13 @@
 #include "algorithms/collective_error.h"
 
 namespace tgpg {
+namespace {
+
+bool has_root(OpType op) {
+  return op == OpType::Broadcast || op == OpType::Reduce || op == OpType::Gather || op == OpType::Scatter;
+}
+
+}  // namespace
 
 Collective::Collective(Messenger& messenger, int rank, int world, OpType op, uint64_t seq,
                        DType dtype, uint64_t count, std::chrono::milliseconds timeout,
@@ -29,7 +36,7 @@ std::string Collective::describe() const {
   std::ostringstream out;
   out << op_name(op_) << " #" << seq_ << " (" << dtype_name(dtype_) << ", " << count_
       << " elements";
-  if (op_ == OpType::Broadcast) out << ", root " << root_;
+  if (has_root(op_)) out << ", root " << root_;
   out << ")";
   return out.str();
 }
@@ -95,7 +102,7 @@ void Collective::fail_mismatch(int src, const FrameHeader& theirs) const {
   out << describe() << " on rank " << rank_ << " does not match rank " << src << ", which is running "
       << op_name(theirs.op) << " #" << theirs.seq << " ("
       << dtype_name(static_cast<DType>(theirs.dtype)) << ", " << theirs.count << " elements";
-  if (theirs.op == static_cast<uint32_t>(OpType::Broadcast)) out << ", root " << theirs.root;
+  if (has_root(static_cast<OpType>(theirs.op))) out << ", root " << theirs.root;
   out << "). Every rank of a process group must call the same collectives in the same order, "
          "with the same dtypes, sizes and roots.";
   throw CollectiveError(out.str());

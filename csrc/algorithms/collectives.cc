@@ -68,21 +68,32 @@ void direct_allreduce(Collective& c, std::byte* buf, ReduceOp op) {
   std::memcpy(buf, result.data(), bytes);
 }
 
+// Reduce-scatter around the ring over `world` segments of `total` elements.
+// At step s this rank passes on segment (rank - shift - s) and reduces the one
+// after it, so that it ends up holding the reduced segment (rank + 1 - shift).
+// Each received chunk is reduced and passed on at once; with `send_final` the
+// finished segment is passed on too, which is the first step of an allgather.
+void ring_reduce_scatter(Collective& c, std::byte* buf, ReduceOp op, uint64_t total, int shift,
+                         bool send_final) {
+  const int r = c.rank();
+  const int w = c.world();
+  for_each_chunk(c, segment(c, total, ring_index(r - shift, w)),
+                 [&](uint64_t off, uint64_t len) { c.send(c.next(), buf, off, len); });
+  for (int step = 0; step < w - 1; ++step) {
+    const bool forward = send_final || step < w - 2;
+    for_each_chunk(c, segment(c, total, ring_index(r - shift - step - 1, w)), [&](uint64_t off, uint64_t len) {
+      ReceivedFrame frame = c.recv(c.prev(), off, len);
+      reduce_frame_into(c, buf, off, frame, op);
+      if (forward) c.send(c.next(), buf, off, len);
+    });
+  }
+}
+
 void ring_allreduce(Collective& c, std::byte* buf, ReduceOp op) {
   const int r = c.rank();
   const int w = c.world();
   const uint64_t n = c.count();
-  for_each_chunk(c, segment(c, n, r), [&](uint64_t off, uint64_t len) { c.send(c.next(), buf, off, len); });
-  // Reduce-scatter: each received chunk is reduced and passed on at once. After
-  // the last step this rank holds the final value of segment r + 1, and passing
-  // it on is the first step of the allgather.
-  for (int step = 0; step < w - 1; ++step) {
-    for_each_chunk(c, segment(c, n, ring_index(r - step - 1, w)), [&](uint64_t off, uint64_t len) {
-      ReceivedFrame frame = c.recv(c.prev(), off, len);
-      reduce_frame_into(c, buf, off, frame, op);
-      c.send(c.next(), buf, off, len);
-    });
-  }
+  ring_reduce_scatter(c, buf, op, n, /*shift=*/0, /*send_final=*/true);
   for (int step = 0; step < w - 1; ++step) {
     const bool forward = step < w - 2;
     for_each_chunk(c, segment(c, n, ring_index(r - step, w)), [&](uint64_t off, uint64_t len) {
@@ -143,6 +154,54 @@ void allgather(Collective& c, std::byte* out) {
       copy_frame_into(c, out, off, c.recv(c.prev(), off, len));
       if (forward) c.send(c.next(), out, off, len);
     });
+  }
+}
+
+void reduce_scatter(Collective& c, std::byte* buf, ReduceOp op) {
+  if (c.world() == 1) return;
+  ring_reduce_scatter(c, buf, op, c.count() * static_cast<uint64_t>(c.world()), /*shift=*/1,
+                      /*send_final=*/false);
+}
+
+void gather(Collective& c, const std::byte* in, std::byte* out) {
+  const int root = static_cast<int>(c.root());
+  const uint64_t n = c.count();
+  if (c.rank() != root) {
+    c.send(root, in, 0, n);
+    return;
+  }
+  std::memcpy(out + static_cast<uint64_t>(root) * n * c.element_bytes(), in, n * c.element_bytes());
+  for (int src = 0; src < c.world(); ++src) {
+    if (src != root) copy_frame_into(c, out, static_cast<uint64_t>(src) * n, c.recv(src, 0, n));
+  }
+}
+
+void scatter(Collective& c, const std::byte* in, std::byte* out) {
+  const int root = static_cast<int>(c.root());
+  const uint64_t n = c.count();
+  if (c.rank() != root) {
+    copy_frame_into(c, out, 0, c.recv(root, 0, n));
+    return;
+  }
+  for (int dst = 0; dst < c.world(); ++dst) {
+    if (dst != root) c.send(dst, in + static_cast<uint64_t>(dst) * n * c.element_bytes(), 0, n);
+  }
+  std::memcpy(out, in + static_cast<uint64_t>(root) * n * c.element_bytes(), n * c.element_bytes());
+}
+
+void alltoall(Collective& c, const std::byte* in, std::byte* out) {
+  const uint64_t n = c.count();
+  const size_t block_bytes = n * c.element_bytes();
+  const int r = c.rank();
+  // Everyone sends first, then receives: frames are queued, so no rank waits on another's receive.
+  for (int step = 1; step < c.world(); ++step) {
+    const int dst = ring_index(r + step, c.world());
+    c.send(dst, in + static_cast<uint64_t>(dst) * block_bytes, 0, n);
+  }
+  std::memcpy(out + static_cast<uint64_t>(r) * block_bytes, in + static_cast<uint64_t>(r) * block_bytes, block_bytes);
+  for (int step = 1; step < c.world(); ++step) {
+    const int src = ring_index(r - step, c.world());
+    copy_frame_into(c, out, static_cast<uint64_t>(src) * n, c.recv(src, 0, n));
   }
 }
 

@@ -23,6 +23,19 @@ void broadcast(Collective& c, std::byte* buf, size_t direct_max_bytes);
 // already be in place. Fills in the others around the ring.
 void allgather(Collective& c, std::byte* out);
 
+// `buf` holds world blocks of c.count() elements; afterwards block `rank` holds
+// the reduction of that block over all ranks (the other blocks are scratch).
+void reduce_scatter(Collective& c, std::byte* buf, ReduceOp op);
+
+// Block-wise exchanges of c.count() elements straight between the ranks
+// involved. `in` is read until the collective's sends are released.
+// gather: the root fills `out` (world blocks) with every rank's `in`.
+void gather(Collective& c, const std::byte* in, std::byte* out);
+// scatter: block i of the root's `in` (world blocks) lands in rank i's `out`.
+void scatter(Collective& c, const std::byte* in, std::byte* out);
+// alltoall: block j of rank i's `in` lands in block i of rank j's `out`.
+void alltoall(Collective& c, const std::byte* in, std::byte* out);
+
 // Returns once every rank has entered the barrier (dissemination barrier:
 // ceil(log2(world)) rounds of one message).
 void barrier(Collective& c);

@@ -54,6 +54,24 @@ class ProcessGroupGrpc : public c10d::Backend {
                                                                  const c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+
   void shutdown() override;
   void abort() override;
 
@@ -70,6 +88,16 @@ class ProcessGroupGrpc : public c10d::Backend {
                         uint32_t root = 0);
   std::chrono::milliseconds timeout_of(std::chrono::milliseconds requested) const;
   std::string where(const char* op) const;
+  void check_root(int64_t root, const std::string& where) const;
+  // reduce_scatter on a packed host copy of world blocks; block `rank` goes to `output`.
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_packed(at::Tensor packed, at::Tensor output,
+                                                       const std::vector<at::Tensor>& inputs,
+                                                       const c10d::ReduceScatterOptions& opts,
+                                                       const std::string& where);
+  // alltoall of equal blocks between packed host tensors; `unpack` writes results out.
+  c10::intrusive_ptr<c10d::Work> alltoall_packed(at::Tensor in, at::Tensor out, const std::vector<at::Tensor>& inputs,
+                                                 std::vector<at::Tensor> outputs, const c10d::AllToAllOptions& opts,
+                                                 const std::string& where, std::function<void(const at::Tensor&)> unpack);
   void rendezvous(const c10::intrusive_ptr<c10d::Store>& store);
 
   BackendOptions options_;

@@ -1,0 +1,169 @@
+// The collectives that DDP and most training code use: allreduce, broadcast,
+// allgather and barrier. Each checks its arguments on the calling thread,
+// stages tensors in host memory, and queues the algorithm for the worker.
+#include <c10/util/Exception.h>
+
+#include "algorithms/collectives.h"
+#include "backend/host_staging.h"
+#include "backend/process_group_grpc.h"
+#include "backend/tensor_checks.h"
+#include "backend/type_mapping.h"
+
+namespace tgpg {
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allreduce(std::vector<at::Tensor>& tensors,
+                                                           const c10d::AllreduceOptions& opts) {
+  const std::string where = this->where("allreduce");
+  TORCH_CHECK(tensors.size() == 1, where, ": expected one tensor, got ", tensors.size(),
+              "; use all_reduce_coalesced for several.");
+  const at::Tensor& tensor = tensors[0];
+  check_dense(tensor, where);
+  const DType dtype = to_dtype(tensor.scalar_type(), where);
+  const Reduction reduction = to_reduction(opts.reduceOp, dtype, where);
+  auto stage = std::make_shared<HostStage>(tensor, /*copy_in=*/true);
+  const auto count = static_cast<uint64_t>(tensor.numel());
+  return enqueue(c10d::OpType::ALLREDUCE, "grpc:all_reduce", tensors, tensors, timeout_of(opts.timeout),
+                 [this, stage, dtype, reduction, count](uint64_t seq, std::chrono::milliseconds timeout) {
+                   stage->wait_ready();
+                   Collective c = collective(OpType::Allreduce, seq, dtype, count, timeout, keep_alive({stage->host()}));
+                   tgpg::allreduce(c, stage->data(), reduction.op, options_.direct_max_bytes);
+                   c.wait_sends_released();
+                   if (reduction.average) stage->host().div_(size_);
+                   stage->write_back();
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  const std::string where = this->where("allreduce_coalesced");
+  TORCH_CHECK(!tensors.empty(), where, ": expected at least one tensor.");
+  for (const auto& t : tensors) {
+    check_dense(t, where);
+    TORCH_CHECK(t.scalar_type() == tensors[0].scalar_type() && t.device() == tensors[0].device(), where,
+                ": all tensors must share one dtype and device; got ", tensors[0].scalar_type(), " on ",
+                tensors[0].device(), " and ", t.scalar_type(), " on ", t.device(), ".");
+  }
+  const DType dtype = to_dtype(tensors[0].scalar_type(), where);
+  const Reduction reduction = to_reduction(opts.reduceOp, dtype, where);
+  std::vector<at::Tensor> flat_views;
+  flat_views.reserve(tensors.size());
+  for (const auto& t : tensors) flat_views.push_back(t.reshape({-1}));
+  at::Tensor packed = at::cat(flat_views).to(at::kCPU);
+  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "grpc:all_reduce_coalesced", tensors, tensors,
+                 timeout_of(opts.timeout),
+                 [this, packed, tensors, dtype, reduction](uint64_t seq, std::chrono::milliseconds timeout) mutable {
+                   Collective c = collective(OpType::AllreduceCoalesced, seq, dtype,
+                                             static_cast<uint64_t>(packed.numel()), timeout, keep_alive({packed}));
+                   tgpg::allreduce(c, static_cast<std::byte*>(packed.data_ptr()), reduction.op,
+                                   options_.direct_max_bytes);
+                   c.wait_sends_released();
+                   if (reduction.average) packed.div_(size_);
+                   int64_t offset = 0;
+                   for (auto& t : tensors) {
+                     copy_into(t, packed.narrow(0, offset, t.numel()));
+                     offset += t.numel();
+                   }
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::broadcast(std::vector<at::Tensor>& tensors,
+                                                           const c10d::BroadcastOptions& opts) {
+  const std::string where = this->where("broadcast");
+  TORCH_CHECK(tensors.size() == 1, where, ": expected one tensor, got ", tensors.size(), ".");
+  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < size_, where, ": root rank ", opts.rootRank,
+              " is not in [0, ", size_, ").");
+  const at::Tensor& tensor = tensors[0];
+  check_dense(tensor, where);
+  const DType dtype = to_dtype(tensor.scalar_type(), where);
+  const auto root = static_cast<uint32_t>(opts.rootRank);
+  auto stage = std::make_shared<HostStage>(tensor, /*copy_in=*/rank_ == opts.rootRank);
+  const auto count = static_cast<uint64_t>(tensor.numel());
+  return enqueue(c10d::OpType::BROADCAST, "grpc:broadcast", tensors, tensors, timeout_of(opts.timeout),
+                 [this, stage, dtype, count, root](uint64_t seq, std::chrono::milliseconds timeout) {
+                   stage->wait_ready();
+                   Collective c = collective(OpType::Broadcast, seq, dtype, count, timeout,
+                                             keep_alive({stage->host()}), root);
+                   tgpg::broadcast(c, stage->data(), options_.direct_max_bytes);
+                   c.wait_sends_released();
+                   if (static_cast<uint32_t>(rank_) != root) stage->write_back();
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                           std::vector<at::Tensor>& inputs,
+                                                           const c10d::AllgatherOptions& opts) {
+  const std::string where = this->where("allgather");
+  TORCH_CHECK(inputs.size() == 1 && outputs.size() == 1, where,
+              ": expected one input tensor and one list of outputs.");
+  const at::Tensor& input = inputs[0];
+  std::vector<at::Tensor> outs = outputs[0];
+  check_dense(input, where);
+  TORCH_CHECK(static_cast<int>(outs.size()) == size_, where, ": expected ", size_, " output tensors, got ",
+              outs.size(), ".");
+  for (const auto& o : outs) {
+    check_dense(o, where);
+    check_same_kind(input, o, where, "output tensor");
+  }
+  const DType dtype = to_dtype(input.scalar_type(), where);
+  auto in = std::make_shared<HostStage>(input, /*copy_in=*/true);
+  const int64_t n = input.numel();
+  at::Tensor gathered = at::empty({size_ * n}, input.options().device(at::kCPU));
+  return enqueue(c10d::OpType::ALLGATHER, "grpc:all_gather", inputs, outs, timeout_of(opts.timeout),
+                 [this, in, gathered, outs, dtype, n](uint64_t seq, std::chrono::milliseconds timeout) mutable {
+                   in->wait_ready();
+                   gathered.narrow(0, rank_ * n, n).copy_(in->host().reshape({-1}));
+                   Collective c = collective(OpType::Allgather, seq, dtype, static_cast<uint64_t>(n), timeout,
+                                             keep_alive({gathered}));
+                   tgpg::allgather(c, static_cast<std::byte*>(gathered.data_ptr()));
+                   c.wait_sends_released();
+                   for (int r = 0; r < size_; ++r) copy_into(outs[r], gathered.narrow(0, r * n, n));
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                 const c10d::AllgatherOptions& opts) {
+  const std::string where = this->where("allgather_into_tensor");
+  check_dense(input, where);
+  check_dense(output, where);
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(), where, ": output dtype ", output.scalar_type(),
+              " differs from input dtype ", input.scalar_type(), ".");
+  TORCH_CHECK(output.numel() == size_ * input.numel(), where, ": output must have world_size * ",
+              input.numel(), " = ", size_ * input.numel(), " elements, got ", output.numel(), ".");
+  const DType dtype = to_dtype(input.scalar_type(), where);
+  auto in = std::make_shared<HostStage>(input, /*copy_in=*/true);
+  auto out = std::make_shared<HostStage>(output, /*copy_in=*/false);
+  const int64_t n = input.numel();
+  return enqueue(c10d::OpType::_ALLGATHER_BASE, "grpc:all_gather_into_tensor", {input}, {output},
+                 timeout_of(opts.timeout),
+                 [this, in, out, dtype, n](uint64_t seq, std::chrono::milliseconds timeout) {
+                   in->wait_ready();
+                   at::Tensor flat = out->host().view({-1});
+                   flat.narrow(0, rank_ * n, n).copy_(in->host().reshape({-1}));
+                   Collective c = collective(OpType::Allgather, seq, dtype, static_cast<uint64_t>(n), timeout,
+                                             keep_alive({out->host()}));
+                   tgpg::allgather(c, out->data());
+                   c.wait_sends_released();
+                   out->write_back();
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  const std::string where = this->where("allgather_into_tensor_coalesced");
+  TORCH_CHECK(outputs.size() == inputs.size(), where, ": got ", inputs.size(), " inputs but ", outputs.size(),
+              " outputs.");
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (size_t i = 0; i < inputs.size(); ++i) works.push_back(_allgather_base(outputs[i], inputs[i], opts));
+  // Jobs run in order, so the last one completing means all have.
+  return works.empty() ? barrier(c10d::BarrierOptions()) : works.back();
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::barrier(const c10d::BarrierOptions& opts) {
+  return enqueue(c10d::OpType::BARRIER, "grpc:barrier", {}, {}, timeout_of(opts.timeout),
+                 [this](uint64_t seq, std::chrono::milliseconds timeout) {
+                   Collective c = collective(OpType::Barrier, seq, DType::UInt8, 0, timeout, nullptr);
+                   tgpg::barrier(c);
+                 });
+}
+
+}  // namespace tgpg

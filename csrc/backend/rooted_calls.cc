@@ -1,0 +1,238 @@
+// The remaining collectives: reduce, gather, scatter, reduce_scatter and
+// alltoall. They work on packed host copies, which keeps the user's inputs
+// untouched where torch promises that.
+#include <c10/util/Exception.h>
+
+#include "algorithms/collectives.h"
+#include "backend/host_staging.h"
+#include "backend/process_group_grpc.h"
+#include "backend/tensor_checks.h"
+#include "backend/type_mapping.h"
+
+namespace tgpg {
+namespace {
+
+// One contiguous CPU tensor holding `tensors` back to back, never aliasing them.
+at::Tensor pack(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> flat;
+  flat.reserve(tensors.size());
+  for (const auto& t : tensors) flat.push_back(t.reshape({-1}));
+  return at::cat(flat).to(at::kCPU);
+}
+
+at::Tensor private_cpu_copy(const at::Tensor& t) {
+  return t.reshape({-1}).to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+}
+
+std::byte* bytes_of(const at::Tensor& t) { return static_cast<std::byte*>(t.data_ptr()); }
+
+}  // namespace
+
+void ProcessGroupGrpc::check_root(int64_t root, const std::string& where) const {
+  TORCH_CHECK(root >= 0 && root < size_, where, ": root rank ", root, " is not in [0, ", size_, ").");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::reduce(std::vector<at::Tensor>& tensors,
+                                                        const c10d::ReduceOptions& opts) {
+  const std::string where = this->where("reduce");
+  TORCH_CHECK(tensors.size() == 1, where, ": expected one tensor, got ", tensors.size(), ".");
+  check_root(opts.rootRank, where);
+  const at::Tensor& tensor = tensors[0];
+  check_dense(tensor, where);
+  const DType dtype = to_dtype(tensor.scalar_type(), where);
+  const Reduction reduction = to_reduction(opts.reduceOp, dtype, where);
+  const bool is_root = opts.rootRank == rank_;
+  // Only the root's tensor may change: the others reduce a private copy.
+  auto stage = std::make_shared<HostStage>(tensor, /*copy_in=*/true);
+  const auto root = static_cast<uint32_t>(opts.rootRank);
+  const auto count = static_cast<uint64_t>(tensor.numel());
+  return enqueue(c10d::OpType::REDUCE, "grpc:reduce", tensors, tensors, timeout_of(opts.timeout),
+                 [this, stage, dtype, reduction, count, root, is_root](uint64_t seq, std::chrono::milliseconds timeout) {
+                   stage->wait_ready();
+                   at::Tensor work = is_root ? stage->host() : stage->host().clone();
+                   Collective c = collective(OpType::Reduce, seq, dtype, count, timeout, keep_alive({work}), root);
+                   tgpg::allreduce(c, bytes_of(work), reduction.op, options_.direct_max_bytes);
+                   c.wait_sends_released();
+                   if (!is_root) return;
+                   if (reduction.average) work.div_(size_);
+                   stage->write_back();
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                        std::vector<at::Tensor>& inputs,
+                                                        const c10d::GatherOptions& opts) {
+  const std::string where = this->where("gather");
+  check_root(opts.rootRank, where);
+  TORCH_CHECK(inputs.size() == 1, where, ": expected one input tensor, got ", inputs.size(), ".");
+  const at::Tensor& input = inputs[0];
+  check_dense(input, where);
+  const bool is_root = opts.rootRank == rank_;
+  std::vector<at::Tensor> outs;
+  if (is_root) {
+    TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_, where,
+                ": the root needs a list of ", size_, " output tensors.");
+    outs = outputs[0];
+    for (const auto& o : outs) check_same_kind(input, o, where, "output tensor");
+  } else {
+    TORCH_CHECK(outputs.empty() || outputs[0].empty(), where, ": only the root rank takes output tensors.");
+  }
+  const DType dtype = to_dtype(input.scalar_type(), where);
+  auto in = std::make_shared<HostStage>(input, /*copy_in=*/true);
+  const int64_t n = input.numel();
+  at::Tensor gathered = is_root ? at::empty({size_ * n}, input.options().device(at::kCPU)) : at::Tensor();
+  const auto root = static_cast<uint32_t>(opts.rootRank);
+  return enqueue(c10d::OpType::GATHER, "grpc:gather", inputs, outs, timeout_of(opts.timeout),
+                 [this, in, gathered, outs, dtype, n, root](uint64_t seq, std::chrono::milliseconds timeout) mutable {
+                   in->wait_ready();
+                   Collective c = collective(OpType::Gather, seq, dtype, static_cast<uint64_t>(n), timeout,
+                                             keep_alive({in->host()}), root);
+                   tgpg::gather(c, in->data(), gathered.defined() ? bytes_of(gathered) : nullptr);
+                   c.wait_sends_released();
+                   for (size_t r = 0; r < outs.size(); ++r) copy_into(outs[r], gathered.narrow(0, r * n, n));
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::scatter(std::vector<at::Tensor>& outputs,
+                                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                                         const c10d::ScatterOptions& opts) {
+  const std::string where = this->where("scatter");
+  check_root(opts.rootRank, where);
+  TORCH_CHECK(outputs.size() == 1, where, ": expected one output tensor, got ", outputs.size(), ".");
+  const at::Tensor& output = outputs[0];
+  check_dense(output, where);
+  const bool is_root = opts.rootRank == rank_;
+  at::Tensor packed;
+  if (is_root) {
+    TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_, where,
+                ": the root needs a list of ", size_, " input tensors.");
+    for (const auto& t : inputs[0]) {
+      check_dense(t, where);
+      check_same_kind(output, t, where, "input tensor");
+    }
+    packed = pack(inputs[0]);
+  } else {
+    TORCH_CHECK(inputs.empty() || inputs[0].empty(), where, ": only the root rank takes input tensors.");
+  }
+  const DType dtype = to_dtype(output.scalar_type(), where);
+  auto out = std::make_shared<HostStage>(output, /*copy_in=*/false);
+  const auto root = static_cast<uint32_t>(opts.rootRank);
+  const auto n = static_cast<uint64_t>(output.numel());
+  return enqueue(c10d::OpType::SCATTER, "grpc:scatter", is_root ? inputs[0] : std::vector<at::Tensor>{}, outputs,
+                 timeout_of(opts.timeout),
+                 [this, out, packed, dtype, n, root](uint64_t seq, std::chrono::milliseconds timeout) {
+                   Collective c = collective(OpType::Scatter, seq, dtype, n, timeout, keep_alive({packed}), root);
+                   tgpg::scatter(c, packed.defined() ? bytes_of(packed) : nullptr, out->data());
+                   c.wait_sends_released();
+                   out->write_back();
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                                const c10d::ReduceScatterOptions& opts) {
+  const std::string where = this->where("reduce_scatter");
+  TORCH_CHECK(outputs.size() == 1 && inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_, where,
+              ": expected one output tensor and a list of ", size_, " input tensors.");
+  check_dense(outputs[0], where);
+  for (const auto& t : inputs[0]) {
+    check_dense(t, where);
+    check_same_kind(outputs[0], t, where, "input tensor");
+  }
+  return reduce_scatter_packed(pack(inputs[0]), outputs[0], inputs[0], opts, where);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                      const c10d::ReduceScatterOptions& opts) {
+  const std::string where = this->where("reduce_scatter_tensor");
+  check_dense(output, where);
+  check_dense(input, where);
+  TORCH_CHECK(input.scalar_type() == output.scalar_type(), where, ": input dtype ", input.scalar_type(),
+              " differs from output dtype ", output.scalar_type(), ".");
+  TORCH_CHECK(input.numel() == size_ * output.numel(), where, ": input must have world_size * ", output.numel(),
+              " = ", size_ * output.numel(), " elements, got ", input.numel(), ".");
+  return reduce_scatter_packed(private_cpu_copy(input), output, {input}, opts, where);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::reduce_scatter_packed(at::Tensor packed, at::Tensor output,
+                                                                       const std::vector<at::Tensor>& inputs,
+                                                                       const c10d::ReduceScatterOptions& opts,
+                                                                       const std::string& where) {
+  const DType dtype = to_dtype(output.scalar_type(), where);
+  const Reduction reduction = to_reduction(opts.reduceOp, dtype, where);
+  const int64_t n = output.numel();
+  return enqueue(c10d::OpType::REDUCE_SCATTER, "grpc:reduce_scatter", inputs, {output}, timeout_of(opts.timeout),
+                 [this, packed, output, dtype, reduction, n](uint64_t seq, std::chrono::milliseconds timeout) mutable {
+                   Collective c = collective(OpType::ReduceScatter, seq, dtype, static_cast<uint64_t>(n), timeout,
+                                             keep_alive({packed}));
+                   tgpg::reduce_scatter(c, bytes_of(packed), reduction.op);
+                   c.wait_sends_released();
+                   at::Tensor mine = packed.narrow(0, rank_ * n, n);
+                   if (reduction.average) mine.div_(size_);
+                   copy_into(output, mine);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                               std::vector<int64_t>& output_split_sizes,
+                                                               std::vector<int64_t>& input_split_sizes,
+                                                               const c10d::AllToAllOptions& opts) {
+  const std::string where = this->where("alltoall_base");
+  check_dense(input, where);
+  check_dense(output, where);
+  TORCH_CHECK(input.scalar_type() == output.scalar_type() && input.numel() == output.numel(), where,
+              ": input and output must have the same dtype and size.");
+  TORCH_CHECK(input.numel() % size_ == 0 || input.numel() == 0, where, ": ", input.numel(),
+              " elements do not split evenly over ", size_, " ranks.");
+  const int64_t block = input.numel() / size_;
+  auto even = [&](const std::vector<int64_t>& splits) {
+    for (int64_t s : splits) {
+      if (s * (input.dim() > 0 ? input.numel() / std::max<int64_t>(1, input.size(0)) : 1) != block) return false;
+    }
+    return splits.empty() || static_cast<int>(splits.size()) == size_;
+  };
+  TORCH_CHECK(even(input_split_sizes) && even(output_split_sizes), where,
+              ": uneven split sizes are not supported by the grpc backend yet; pass equal splits.");
+  at::Tensor out = at::empty({input.numel()}, input.options().device(at::kCPU));
+  return alltoall_packed(private_cpu_copy(input), out, {input}, {output}, opts, where,
+                         [output](const at::Tensor& result) mutable { copy_into(output, result); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::alltoall(std::vector<at::Tensor>& outputs,
+                                                          std::vector<at::Tensor>& inputs,
+                                                          const c10d::AllToAllOptions& opts) {
+  const std::string where = this->where("alltoall");
+  TORCH_CHECK(static_cast<int>(inputs.size()) == size_ && static_cast<int>(outputs.size()) == size_, where,
+              ": expected ", size_, " input and ", size_, " output tensors.");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_dense(inputs[i], where);
+    check_dense(outputs[i], where);
+    check_same_kind(inputs[0], inputs[i], where, "input tensor (uneven sizes are not supported yet)");
+    check_same_kind(inputs[0], outputs[i], where, "output tensor");
+  }
+  at::Tensor out = at::empty({size_ * inputs[0].numel()}, inputs[0].options().device(at::kCPU));
+  const int64_t n = inputs[0].numel();
+  return alltoall_packed(pack(inputs), out, inputs, outputs, opts, where,
+                         [outputs, n](const at::Tensor& result) mutable {
+                           for (size_t r = 0; r < outputs.size(); ++r) copy_into(outputs[r], result.narrow(0, r * n, n));
+                         });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::alltoall_packed(at::Tensor in, at::Tensor out,
+                                                                 const std::vector<at::Tensor>& inputs,
+                                                                 std::vector<at::Tensor> outputs,
+                                                                 const c10d::AllToAllOptions& opts,
+                                                                 const std::string& where,
+                                                                 std::function<void(const at::Tensor&)> unpack) {
+  const DType dtype = to_dtype(in.scalar_type(), where);
+  const auto n = static_cast<uint64_t>(in.numel() / size_);
+  return enqueue(c10d::OpType::ALLTOALL, "grpc:all_to_all", inputs, std::move(outputs), timeout_of(opts.timeout),
+                 [this, in, out, dtype, n, unpack = std::move(unpack)](uint64_t seq, std::chrono::milliseconds timeout) {
+                   Collective c = collective(OpType::Alltoall, seq, dtype, n, timeout, keep_alive({in}));
+                   tgpg::alltoall(c, bytes_of(in), bytes_of(out));
+                   c.wait_sends_released();
+                   unpack(out);
+                 });
+}
+
+}  // namespace tgpg

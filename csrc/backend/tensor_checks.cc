@@ -1,0 +1,31 @@
+#include "backend/tensor_checks.h"
+
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/Exception.h>
+
+namespace tgpg {
+
+std::shared_ptr<void> keep_alive(std::vector<at::Tensor> tensors) {
+  return std::make_shared<std::vector<at::Tensor>>(std::move(tensors));
+}
+
+void check_dense(const at::Tensor& t, const std::string& where) {
+  TORCH_CHECK(t.layout() == at::kStrided, where,
+              ": sparse tensors are not supported by the grpc backend; call .to_dense() first.");
+}
+
+void check_same_kind(const at::Tensor& expected, const at::Tensor& t, const std::string& where,
+                     const char* what) {
+  TORCH_CHECK(t.scalar_type() == expected.scalar_type(), where, ": every ", what, " must have dtype ",
+              expected.scalar_type(), ", got ", t.scalar_type(), ".");
+  TORCH_CHECK(t.numel() == expected.numel(), where, ": every ", what, " must have ", expected.numel(),
+              " elements, got ", t.numel(), ".");
+}
+
+void copy_into(at::Tensor& dst, const at::Tensor& src) {
+  c10::OptionalDeviceGuard guard;
+  if (!dst.device().is_cpu()) guard.reset_device(dst.device());
+  dst.copy_(src.view(dst.sizes()));
+}
+
+}  // namespace tgpg
