@@ -32,7 +32,9 @@ GLUE_FLAGS = ["-O3", *WARNINGS]
 
 def pkg_config(*args: str) -> list[str]:
     try:
-        out = subprocess.check_output(["pkg-config", *args, "grpc++", "protobuf"], text=True)
+        out = subprocess.check_output(
+            ["pkg-config", *args, "grpc++", "protobuf"], text=True
+        )
     except (OSError, subprocess.CalledProcessError) as e:
         sys.exit(
             "torch-grpc-pg needs gRPC C++ and protobuf development files, found through pkg-config.\n"
@@ -43,17 +45,24 @@ def pkg_config(*args: str) -> list[str]:
 
 
 def is_stale(target: Path, *sources: Path) -> bool:
-    return not target.exists() or any(s.stat().st_mtime > target.stat().st_mtime for s in sources)
+    return not target.exists() or any(
+        s.stat().st_mtime > target.stat().st_mtime for s in sources
+    )
 
 
 def generate_cpp() -> list[Path]:
     GENERATED.mkdir(parents=True, exist_ok=True)
-    outputs = [GENERATED / "torch_grpc_pg.pb.cc", GENERATED / "torch_grpc_pg.grpc.pb.cc"]
+    outputs = [
+        GENERATED / "torch_grpc_pg.pb.cc",
+        GENERATED / "torch_grpc_pg.grpc.pb.cc",
+    ]
     if any(is_stale(o, PROTO) for o in outputs):
         plugin = shutil.which("grpc_cpp_plugin")
         protoc = shutil.which("protoc")
         if not plugin or not protoc:
-            sys.exit("protoc and grpc_cpp_plugin are needed: apt-get install protobuf-compiler protobuf-compiler-grpc")
+            sys.exit(
+                "protoc and grpc_cpp_plugin are needed: apt-get install protobuf-compiler protobuf-compiler-grpc"
+            )
         subprocess.check_call(
             [
                 protoc,
@@ -86,12 +95,20 @@ def generate_python() -> None:
     )
     # grpc_tools writes an absolute import; the stubs live inside our package.
     text = grpc_module.read_text()
-    grpc_module.write_text(text.replace("import torch_grpc_pg_pb2 as", "from . import torch_grpc_pg_pb2 as"))
-    (PY_PROTO / "__init__.py").write_text('"""Generated from protos/torch_grpc_pg.proto at build time."""\n')
+    grpc_module.write_text(
+        text.replace(
+            "import torch_grpc_pg_pb2 as", "from . import torch_grpc_pg_pb2 as"
+        )
+    )
+    (PY_PROTO / "__init__.py").write_text(
+        '"""Generated from protos/torch_grpc_pg.proto at build time."""\n'
+    )
 
 
 def torch_free_sources() -> list[Path]:
-    return sorted((CSRC / "algorithms").glob("*.cc")) + sorted((CSRC / "transport").glob("*.cc"))
+    return sorted((CSRC / "algorithms").glob("*.cc")) + sorted(
+        (CSRC / "transport").glob("*.cc")
+    )
 
 
 class BuildWithTransport(BuildExtension):
@@ -109,7 +126,9 @@ class BuildWithTransport(BuildExtension):
         for src in sources:
             obj = obj_dir / (src.relative_to(ROOT).as_posix().replace("/", "_") + ".o")
             objects.append(str(obj))
-            if obj.exists() and obj.stat().st_mtime > max(src.stat().st_mtime, newest_header):
+            if obj.exists() and obj.stat().st_mtime > max(
+                src.stat().st_mtime, newest_header
+            ):
                 continue
             obj.parent.mkdir(parents=True, exist_ok=True)
             cmd = [
@@ -142,11 +161,20 @@ setup(
     name="torch-grpc-pg",
     version="0.1.0",
     description='A torch.distributed process-group backend ("grpc") that runs collectives over gRPC',
-    long_description=(ROOT / "README.md").read_text() if (ROOT / "README.md").exists() else "",
+    long_description=(ROOT / "README.md").read_text()
+    if (ROOT / "README.md").exists()
+    else "",
     long_description_content_type="text/markdown",
     packages=find_packages(include=["torch_grpc_pg", "torch_grpc_pg.*"]),
     python_requires=">=3.9",
-    install_requires=["torch>=2.4", "grpcio", "grpcio-tools", "protobuf", "numpy", "pybind11"],
+    install_requires=[
+        "torch>=2.4",
+        "grpcio",
+        "grpcio-tools",
+        "protobuf",
+        "numpy",
+        "pybind11",
+    ],
     ext_modules=[extension],
     cmdclass={"build_ext": BuildWithTransport.with_options(use_ninja=True)},
 )

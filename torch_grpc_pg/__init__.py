@@ -44,9 +44,15 @@ def _create_backend(dist_options: Any, backend_options: Any) -> _C.ProcessGroupG
 
 
 def _register() -> None:
-    devices = ["cpu", "cuda"] if torch.cuda.is_available() or torch.backends.cuda.is_built() else ["cpu"]
+    devices = (
+        ["cpu", "cuda"]
+        if torch.cuda.is_available() or torch.backends.cuda.is_built()
+        else ["cpu"]
+    )
     if BACKEND_NAME.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=devices)
+        dist.Backend.register_backend(
+            BACKEND_NAME, _create_backend, extended_api=True, devices=devices
+        )
 
 
 _register()

@@ -40,34 +40,58 @@ class Options:
     See the README's table of options for what each one does.
     """
 
-    bind_host: str = field(default_factory=lambda: _env_str("TORCH_GRPC_PG_BIND_HOST", "0.0.0.0"))
+    bind_host: str = field(
+        default_factory=lambda: _env_str("TORCH_GRPC_PG_BIND_HOST", "0.0.0.0")
+    )
     port: int = field(default_factory=lambda: _env_int("TORCH_GRPC_PG_PORT", 0))
-    advertise_host: str = field(default_factory=lambda: _env_str("TORCH_GRPC_PG_ADVERTISE_HOST"))
-    unix_sockets: bool = field(default_factory=lambda: _env_bool("TORCH_GRPC_PG_UNIX_SOCKETS", True))
-    auth_token: str = field(default_factory=lambda: _env_str("TORCH_GRPC_PG_AUTH_TOKEN"))
+    advertise_host: str = field(
+        default_factory=lambda: _env_str("TORCH_GRPC_PG_ADVERTISE_HOST")
+    )
+    unix_sockets: bool = field(
+        default_factory=lambda: _env_bool("TORCH_GRPC_PG_UNIX_SOCKETS", True)
+    )
+    auth_token: str = field(
+        default_factory=lambda: _env_str("TORCH_GRPC_PG_AUTH_TOKEN")
+    )
     tls_cert: str = field(default_factory=lambda: _env_str("TORCH_GRPC_PG_TLS_CERT"))
     tls_key: str = field(default_factory=lambda: _env_str("TORCH_GRPC_PG_TLS_KEY"))
     tls_ca: str = field(default_factory=lambda: _env_str("TORCH_GRPC_PG_TLS_CA"))
-    tls_server_name: str = field(default_factory=lambda: _env_str("TORCH_GRPC_PG_TLS_SERVER_NAME"))
-    chunk_bytes: int = field(default_factory=lambda: _env_int("TORCH_GRPC_PG_CHUNK_BYTES", 1 << 20))
-    direct_max_bytes: int = field(default_factory=lambda: _env_int("TORCH_GRPC_PG_DIRECT_MAX_BYTES", 64 << 10))
-    max_queued_frames: int = field(default_factory=lambda: _env_int("TORCH_GRPC_PG_MAX_QUEUED_FRAMES", 8))
+    tls_server_name: str = field(
+        default_factory=lambda: _env_str("TORCH_GRPC_PG_TLS_SERVER_NAME")
+    )
+    chunk_bytes: int = field(
+        default_factory=lambda: _env_int("TORCH_GRPC_PG_CHUNK_BYTES", 1 << 20)
+    )
+    direct_max_bytes: int = field(
+        default_factory=lambda: _env_int("TORCH_GRPC_PG_DIRECT_MAX_BYTES", 64 << 10)
+    )
+    max_queued_frames: int = field(
+        default_factory=lambda: _env_int("TORCH_GRPC_PG_MAX_QUEUED_FRAMES", 8)
+    )
     connect_timeout: timedelta = field(
-        default_factory=lambda: timedelta(seconds=_env_int("TORCH_GRPC_PG_CONNECT_TIMEOUT", 60))
+        default_factory=lambda: timedelta(
+            seconds=_env_int("TORCH_GRPC_PG_CONNECT_TIMEOUT", 60)
+        )
     )
 
     def validate(self) -> None:
         if not 0 <= self.port <= 65535:
-            raise ValueError(f"grpc backend: port {self.port} is not in [0, 65535] (TORCH_GRPC_PG_PORT)")
+            raise ValueError(
+                f"grpc backend: port {self.port} is not in [0, 65535] (TORCH_GRPC_PG_PORT)"
+            )
         if self.chunk_bytes < 1024:
             raise ValueError(
                 f"grpc backend: chunk_bytes={self.chunk_bytes} is too small; use at least 1024 "
                 "(TORCH_GRPC_PG_CHUNK_BYTES, default 1 MiB)"
             )
         if self.direct_max_bytes < 0:
-            raise ValueError("grpc backend: direct_max_bytes must be >= 0 (TORCH_GRPC_PG_DIRECT_MAX_BYTES)")
+            raise ValueError(
+                "grpc backend: direct_max_bytes must be >= 0 (TORCH_GRPC_PG_DIRECT_MAX_BYTES)"
+            )
         if self.max_queued_frames < 1:
-            raise ValueError("grpc backend: max_queued_frames must be >= 1 (TORCH_GRPC_PG_MAX_QUEUED_FRAMES)")
+            raise ValueError(
+                "grpc backend: max_queued_frames must be >= 1 (TORCH_GRPC_PG_MAX_QUEUED_FRAMES)"
+            )
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError(
                 "grpc backend: TLS needs both a certificate and a key "

@@ -45,5 +45,9 @@ PYBIND11_MODULE(_C, m) {
            py::arg("tls_server_name"), py::arg("chunk_bytes"), py::arg("direct_max_bytes"),
            py::arg("max_queued_frames"), py::arg("connect_timeout"),
            // Rendezvous waits on the store and on peers; other Python threads run meanwhile.
-           py::call_guard<py::gil_scoped_release>());
+           py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("tcp_address", &tgpg::ProcessGroupGrpc::tcp_address,
+                             "host:port where peers reach this rank's server")
+      .def_property_readonly("unix_socket", &tgpg::ProcessGroupGrpc::unix_socket,
+                             "path of the unix socket peers on this host use, or '' when off");
 }

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "algorithms/collective_error.h"
+#include "transport/endpoint.h"
 
 namespace tgpg {
 namespace {
@@ -61,7 +62,19 @@ void ProcessGroupGrpc::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) 
   store_set(store, prefix + "endpoint/" + std::to_string(rank_), messenger_->local_endpoint());
   std::vector<std::string> endpoints;
   endpoints.reserve(size_);
-  for (int r = 0; r < size_; ++r) endpoints.push_back(store_string(store, prefix + "endpoint/" + std::to_string(r)));
+  for (int r = 0; r < size_; ++r) {
+    const std::string key = prefix + "endpoint/" + std::to_string(r);
+    try {
+      store->wait({key}, options_.transport.connect_timeout);
+    } catch (const std::exception&) {
+      C10_THROW_ERROR(DistBackendError,
+                      "grpc backend on rank " + std::to_string(rank_) + ": rank " + std::to_string(r) +
+                          " did not publish its address within the connect timeout (" +
+                          std::to_string(options_.transport.connect_timeout.count() / 1000) +
+                          " s, TORCH_GRPC_PG_CONNECT_TIMEOUT). It may have failed to start: see its own error.");
+    }
+    endpoints.push_back(store_string(store, key));
+  }
   try {
     messenger_->set_peer_endpoints(endpoints);
   } catch (const std::exception& e) {
@@ -74,6 +87,14 @@ void ProcessGroupGrpc::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) 
       C10_THROW_ERROR(DistBackendError, "grpc backend on rank " + std::to_string(rank_) + ": " + e.what());
     }
   }
+}
+
+std::string ProcessGroupGrpc::tcp_address() const {
+  return Endpoint::parse(messenger_->local_endpoint()).tcp;
+}
+
+std::string ProcessGroupGrpc::unix_socket() const {
+  return Endpoint::parse(messenger_->local_endpoint()).unix_path;
 }
 
 std::chrono::milliseconds ProcessGroupGrpc::timeout_of(std::chrono::milliseconds requested) const {

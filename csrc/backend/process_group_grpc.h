@@ -34,6 +34,9 @@ class ProcessGroupGrpc : public c10d::Backend {
   ~ProcessGroupGrpc() override;
 
   const std::string getBackendName() const override { return "grpc"; }
+  // Where peers reach this rank: "host:port", and the unix socket ("" if off).
+  std::string tcp_address() const;
+  std::string unix_socket() const;
   void setTimeout(std::chrono::milliseconds timeout) override { options_.timeout = timeout; }
   uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
   void setSequenceNumberForGroup() override {}

@@ -3,7 +3,9 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/generic/generic_stub.h>
 
+#include <algorithm>
 #include <chrono>
+#include <thread>
 #include <stdexcept>
 
 #include "torch_grpc_pg.grpc.pb.h"
@@ -37,19 +39,30 @@ void PeerLink::handshake(const LinkIdentity& identity, const TransportConfig& co
   request.set_world_size(static_cast<uint32_t>(identity.world_size));
   request.set_auth_token(config.auth_token);
   torch_grpc_pg::HandshakeReply reply;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + config.connect_timeout);
-  // The peer published its address only after its server was up, but a
-  // restarting network or a busy peer may still need a retry.
-  ctx.set_wait_for_ready(true);
   auto stub = torch_grpc_pg::ProcessGroupService::NewStub(channel_);
-  const grpc::Status status = stub->Handshake(&ctx, request, &reply);
+  // The peer published its address only after its server was up, so the first
+  // try usually succeeds. Retrying (rather than gRPC's wait_for_ready) keeps the
+  // cause of the last failure, such as a TLS handshake error, for the message.
+  const auto deadline = std::chrono::steady_clock::now() + config.connect_timeout;
+  auto backoff = std::chrono::milliseconds(50);
+  grpc::Status status;
+  for (;;) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::max(std::chrono::milliseconds(1), std::min<std::chrono::milliseconds>(
+                         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()),
+                         std::chrono::seconds(10))));
+    status = stub->Handshake(&ctx, request, &reply);
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || std::chrono::steady_clock::now() + backoff >= deadline) break;
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+  }
   if (!status.ok()) {
     throw std::runtime_error("could not connect " + description_ + ": " + status.error_message() +
                              " (gRPC status " + std::to_string(status.error_code()) +
                              "). Check that the peer is running, that the address is reachable from "
-                             "here (set TORCH_GRPC_PG_ADVERTISE_HOST on the peer if not) and that "
-                             "firewalls let its port through.");
+                             "here (set TORCH_GRPC_PG_ADVERTISE_HOST on the peer if not), that "
+                             "firewalls let its port through, and that both sides use the same TLS settings.");
   }
   if (!reply.ok()) throw std::runtime_error("rank " + std::to_string(identity.dst_rank) +
                                             " refused the connection: " + reply.error());
