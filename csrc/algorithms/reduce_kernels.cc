@@ -1,5 +1,7 @@
 #include "algorithms/reduce_kernels.h"
 
+#include "algorithms/half_kernels.h"
+
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -134,8 +136,11 @@ void reduce_float(void* dst, const std::byte* src, size_t n, ReduceOp op) {
 }
 
 template <template <typename> class Kernel, typename Elem>
-void reduce_half(void* dst, const std::byte* src, size_t n, ReduceOp op) {
-  auto* d = static_cast<Elem*>(dst);
+void reduce_half(void* dst, const std::byte* src, size_t n, DType dtype, ReduceOp op) {
+  const size_t done = reduce_half_vectorized(dst, src, n, dtype, op);
+  auto* d = static_cast<Elem*>(dst) + done;
+  src += done * sizeof(Elem);
+  n -= done;
   switch (op) {
     case ReduceOp::Sum: return Kernel<SumF>::run(d, src, n);
     case ReduceOp::Product: return Kernel<ProdF>::run(d, src, n);
@@ -167,8 +172,8 @@ void reduce_into(void* dst, const void* src_ptr, size_t count, DType dtype, Redu
   switch (dtype) {
     case DType::Float32: return reduce_float<float>(dst, src, count, op);
     case DType::Float64: return reduce_float<double>(dst, src, count, op);
-    case DType::BFloat16: return reduce_half<Bf16Kernel, uint16_t>(dst, src, count, op);
-    case DType::Float16: return reduce_half<F16Kernel, uint16_t>(dst, src, count, op);
+    case DType::BFloat16: return reduce_half<Bf16Kernel, uint16_t>(dst, src, count, dtype, op);
+    case DType::Float16: return reduce_half<F16Kernel, uint16_t>(dst, src, count, dtype, op);
     case DType::Int8: return reduce_integer<int8_t>(dst, src, count, op);
     case DType::Int16: return reduce_integer<int16_t>(dst, src, count, op);
     case DType::Int32: return reduce_integer<int32_t>(dst, src, count, op);
