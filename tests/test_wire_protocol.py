@@ -25,13 +25,13 @@ def _probe_own_server(ctx: RankContext) -> dict[str, str]:
             stub = pb_grpc.ProcessGroupServiceStub(channel)
 
             def refusal(**fields: object) -> str:
-                request = dict(
-                    protocol_version=1,
-                    group_key="?",
-                    src_rank=1,
-                    dst_rank=0,
-                    world_size=2,
-                )
+                request = {
+                    "protocol_version": 1,
+                    "group_key": "?",
+                    "src_rank": 1,
+                    "dst_rank": 0,
+                    "world_size": 2,
+                }
                 request.update(fields)
                 reply = stub.Handshake(pb.HandshakeRequest(**request), timeout=10)
                 assert not reply.ok, fields

@@ -51,7 +51,12 @@ void Collective::send(int dst, const std::byte* base, uint64_t offset, uint64_t 
   header.src_rank = static_cast<uint32_t>(rank_);
   header.root = root_;
   const ByteView payload = n == 0 ? ByteView{} : ByteView{base + offset * element_size_, n * element_size_};
-  messenger_.send(dst, header, payload, tracker_);
+  try {
+    messenger_.send(dst, header, payload, tracker_);
+  } catch (const CollectiveError& e) {
+    throw CollectiveError(describe() + " on rank " + std::to_string(rank_) + " could not send to rank " +
+                          std::to_string(dst) + ": " + e.what());
+  }
 }
 
 ReceivedFrame Collective::recv(int src, uint64_t offset, uint64_t n) {

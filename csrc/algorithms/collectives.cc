@@ -119,23 +119,35 @@ void broadcast(Collective& c, std::byte* buf, size_t direct_max_bytes) {
   const int w = c.world();
   if (w == 1) return;
   const int root = static_cast<int>(c.root());
-  const Range all{0, c.count()};
+  const bool is_root = c.rank() == root;
+  // Two ranks that both believe they are the root would each send and never
+  // receive, and return with different data. So the root waits for an empty
+  // acknowledgement (at offset `count`) from the ranks it reached last: a rank
+  // that thought otherwise sends data for another root instead, which fails
+  // the header check on both sides.
+  const uint64_t ack_offset = c.count();
   if (c.count() * c.element_bytes() <= direct_max_bytes) {
-    if (c.rank() == root) {
+    if (is_root) {
       for (int peer = 0; peer < w; ++peer) {
         if (peer != root) c.send(peer, buf, 0, c.count());
       }
+      for (int peer = 0; peer < w; ++peer) {
+        if (peer != root) c.recv(peer, ack_offset, 0);
+      }
     } else {
       copy_frame_into(c, buf, 0, c.recv(root, 0, c.count()));
+      c.send(root, nullptr, ack_offset, 0);
     }
     return;
   }
   const int position = ring_index(c.rank() - root, w);
   const bool forward = position < w - 1;
-  for_each_chunk(c, all, [&](uint64_t off, uint64_t len) {
-    if (position != 0) copy_frame_into(c, buf, off, c.recv(c.prev(), off, len));
+  for_each_chunk(c, Range{0, c.count()}, [&](uint64_t off, uint64_t len) {
+    if (!is_root) copy_frame_into(c, buf, off, c.recv(c.prev(), off, len));
     if (forward) c.send(c.next(), buf, off, len);
   });
+  if (is_root) c.recv(c.prev(), ack_offset, 0);
+  if (position == w - 1) c.send(root, nullptr, ack_offset, 0);
 }
 
 void allgather(Collective& c, std::byte* out) {

@@ -80,9 +80,13 @@ void ProcessGroupGrpc::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) 
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "grpc backend on rank ", rank_, ": ", e.what());
   }
-  if (size_ > 1) {
+  // Every peer now, not at the first send: address and credential problems
+  // surface here, no collective stalls on a connect, and a failing rank can
+  // reach every peer with its abort.
+  for (int i = 1; i < size_; ++i) {
+    const int peer = (rank_ + i) % size_;
     try {
-      messenger_->connect((rank_ + 1) % size_);
+      messenger_->connect(peer);
     } catch (const std::exception& e) {
       C10_THROW_ERROR(DistBackendError, "grpc backend on rank " + std::to_string(rank_) + ": " + e.what());
     }

@@ -15,8 +15,8 @@
 namespace tgpg {
 
 // The Messenger of one process group on this rank, over gRPC. Receives through
-// the process's shared RankServer; sends on one PeerLink per peer, opened on
-// first use.
+// the process's shared RankServer; sends on one PeerLink per peer, opened by
+// connect() when the group is created (or else at the first send).
 class GrpcMessenger : public GroupTransport {
  public:
   GrpcMessenger(const TransportConfig& config, std::string group_key, int rank, int world);

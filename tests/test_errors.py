@@ -1,0 +1,294 @@
+"""Bad input and faults raise RuntimeError on every rank involved, never hang.
+
+Each scenario gets its own spawn: a fault may leave the group failed. Groups
+use a short timeout, and every rank reports what it raised, how long that
+took and how long destroy_process_group() took afterwards; the harness then
+checks that every surviving rank exited with code 0.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from dist_harness import (
+    RankContext,
+    init_default_group,
+    run_ranks,
+    store_barrier,
+)
+from layouts import MEDIUM_NUMEL
+
+FAULT_TIMEOUT = timedelta(seconds=10)
+# How far past the group timeout an error may arrive (ranks share 2 cores).
+LATE_S = 5.0
+PROMPT_DESTROY_S = 5.0
+SMALL_NUMEL = 1000
+LARGE_NUMEL = (64 << 20) // 4
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one rank saw; picklable so that the parent can assert on it."""
+
+    rank: int
+    error_type: str | None  # None: the call returned normally
+    is_runtime_error: bool
+    message: str
+    elapsed_s: float
+    destroy_s: float
+
+
+def _attempt(ctx: RankContext, call: Callable[[], object]) -> Outcome:
+    """Run ``call`` with all ranks starting together, then destroy the group."""
+    store_barrier(ctx.store(), ctx.world_size, "start fault")
+    started = time.monotonic()
+    error: Exception | None = None
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001  (the parent judges what was raised)
+        error = exc
+    elapsed = time.monotonic() - started
+    started = time.monotonic()
+    dist.destroy_process_group()
+    destroy_s = time.monotonic() - started
+    return Outcome(
+        rank=ctx.rank,
+        error_type=None if error is None else type(error).__name__,
+        is_runtime_error=isinstance(error, RuntimeError),
+        message="" if error is None else str(error),
+        elapsed_s=elapsed,
+        destroy_s=destroy_s,
+    )
+
+
+def _names_op(message: str, op: str) -> bool:
+    # "allreduce", "all_reduce" and "AllReduce" all name the op.
+    return op in re.sub(r"[^a-z]", "", message.lower())
+
+
+def _names_rank(message: str, rank: int) -> bool:
+    # A standalone number: not part of "10", "0.5" or "rank10".
+    return re.search(rf"(?<![\w.]){rank}(?!\w|\.\d)", message) is not None
+
+
+def _assert_failed(
+    outcome: Outcome,
+    op: str,
+    ranks: list[int],
+    *,
+    within_s: float = FAULT_TIMEOUT.total_seconds() + LATE_S,
+) -> None:
+    where = f"rank {outcome.rank}"
+    assert outcome.error_type is not None, f"{where}: nothing was raised"
+    assert outcome.is_runtime_error, (
+        f"{where}: raised {outcome.error_type}, not a RuntimeError: {outcome.message}"
+    )
+    assert outcome.elapsed_s < within_s, (
+        f"{where}: raised after {outcome.elapsed_s:.1f}s, allowed {within_s:.0f}s"
+    )
+    assert _names_op(outcome.message, op), (
+        f"{where}: message does not name {op!r}: {outcome.message}"
+    )
+    for rank in ranks:
+        assert _names_rank(outcome.message, rank), (
+            f"{where}: message does not name rank {rank}: {outcome.message}"
+        )
+    assert outcome.destroy_s < PROMPT_DESTROY_S, (
+        f"{where}: destroy_process_group took {outcome.destroy_s:.1f}s after the error"
+    )
+
+
+def _run(
+    scenario: Callable[..., Outcome], world: int, *args: object, **kwargs: Any
+) -> list[Outcome]:
+    results = run_ranks(scenario, world, *args, timeout_s=120, **kwargs)
+    return [res.value for res in results if res.value is not None]
+
+
+# --------------------------------------------------------------------------- mismatched calls
+
+
+def _count_mismatch(ctx: RankContext, numel: int, odd_rank: int) -> Outcome:
+    init_default_group(ctx, FAULT_TIMEOUT)
+    tensor = torch.ones(numel + (ctx.rank == odd_rank))
+    return _attempt(ctx, lambda: dist.all_reduce(tensor))
+
+
+@pytest.mark.parametrize("numel", [SMALL_NUMEL, MEDIUM_NUMEL], ids=["one-shot", "ring"])
+def test_different_element_counts(numel: int) -> None:
+    for outcome in _run(_count_mismatch, 2, numel, 1):
+        _assert_failed(outcome, "allreduce", [0, 1])
+
+
+def test_different_element_counts_on_one_of_three_ranks() -> None:
+    # Whoever detects it, every rank must learn that rank 2 was the odd one out.
+    for outcome in _run(_count_mismatch, 3, SMALL_NUMEL, 2):
+        _assert_failed(outcome, "allreduce", [2])
+
+
+def _dtype_mismatch(ctx: RankContext) -> Outcome:
+    init_default_group(ctx, FAULT_TIMEOUT)
+    # Same element size, so only the dtype itself can tell them apart.
+    dtype = torch.float32 if ctx.rank == 0 else torch.int32
+    tensor = torch.ones(SMALL_NUMEL, dtype=dtype)
+    return _attempt(ctx, lambda: dist.all_reduce(tensor))
+
+
+def test_different_dtypes() -> None:
+    for outcome in _run(_dtype_mismatch, 2):
+        _assert_failed(outcome, "allreduce", [0, 1])
+
+
+def _op_mismatch(ctx: RankContext) -> Outcome:
+    init_default_group(ctx, FAULT_TIMEOUT)
+    tensor = torch.ones(SMALL_NUMEL)
+    if ctx.rank == 0:
+        return _attempt(ctx, lambda: dist.all_reduce(tensor))
+    outputs = [torch.empty(SMALL_NUMEL) for _ in range(ctx.world_size)]
+    return _attempt(ctx, lambda: dist.all_gather(outputs, tensor))
+
+
+def test_different_collectives() -> None:
+    outcomes = _run(_op_mismatch, 2)
+    # Each rank's message names the collective that rank called.
+    _assert_failed(outcomes[0], "allreduce", [0, 1])
+    _assert_failed(outcomes[1], "allgather", [0, 1])
+
+
+def _root_mismatch(ctx: RankContext) -> Outcome:
+    init_default_group(ctx, FAULT_TIMEOUT)
+    tensor = torch.ones(SMALL_NUMEL)
+    return _attempt(ctx, lambda: dist.broadcast(tensor, src=ctx.rank))
+
+
+def test_different_broadcast_roots() -> None:
+    for outcome in _run(_root_mismatch, 2):
+        _assert_failed(outcome, "broadcast", [0, 1])
+
+
+# --------------------------------------------------------------------------- unsupported input
+
+
+def _unsupported_input(ctx: RankContext, kind: str) -> tuple[Outcome | None, bool]:
+    """Rank 0 makes a bad call alone; then both ranks check the group still works."""
+    init_default_group(ctx, FAULT_TIMEOUT)
+    outcome = None
+    if ctx.rank == 0:
+        started = time.monotonic()
+        try:
+            if kind == "complex_max":
+                # torch's frontend refuses MAX on complex with a ValueError
+                # before any backend sees it; ask the backend itself.
+                opts = dist.AllreduceOptions()
+                opts.reduceOp = dist.ReduceOp.MAX
+                backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+                backend.allreduce([torch.ones(4, dtype=torch.complex64)], opts).wait()
+            elif kind == "sparse":
+                dist.all_reduce(torch.ones(4).to_sparse())
+            else:
+                raise ValueError(kind)
+            error: Exception | None = None
+        except Exception as exc:  # noqa: BLE001  (the parent judges what was raised)
+            error = exc
+        outcome = Outcome(
+            rank=0,
+            error_type=None if error is None else type(error).__name__,
+            is_runtime_error=isinstance(error, RuntimeError),
+            message="" if error is None else str(error),
+            elapsed_s=time.monotonic() - started,
+            destroy_s=0.0,
+        )
+    store_barrier(ctx.store(), ctx.world_size, f"after {kind}")
+    # Rejected at the call, before anything was sent: the group is unharmed.
+    tensor = torch.full((SMALL_NUMEL,), float(ctx.rank + 1))
+    dist.all_reduce(tensor)
+    still_works = bool(torch.equal(tensor, torch.full((SMALL_NUMEL,), 3.0)))
+    return outcome, still_works
+
+
+@pytest.mark.parametrize("kind", ["complex_max", "sparse"])
+def test_unsupported_input_raises_at_the_call(kind: str) -> None:
+    results = run_ranks(_unsupported_input, 2, kind, timeout_s=120)
+    outcome, _ = results[0].value
+    assert outcome is not None
+    # Local validation: no waiting on a peer, which makes no call at all here.
+    _assert_failed(outcome, "allreduce", [0], within_s=2.0)
+    for res in results:
+        assert res.value[1], (
+            f"rank {res.rank}: the group was broken by the rejected call"
+        )
+
+
+# --------------------------------------------------------------------------- faulty peers
+
+
+def _silent_peer(ctx: RankContext, silent: int) -> Outcome:
+    init_default_group(ctx, FAULT_TIMEOUT)
+    tensor = torch.ones(SMALL_NUMEL)
+    if ctx.rank == silent:
+        # Alive and connected, but never calls the collective.
+        pause = FAULT_TIMEOUT.total_seconds() + 3
+        return _attempt(ctx, lambda: time.sleep(pause))
+    return _attempt(ctx, lambda: dist.all_reduce(tensor))
+
+
+@pytest.mark.slow
+def test_silent_peer_times_out_naming_it() -> None:
+    outcomes = _run(_silent_peer, 2, 1)
+    _assert_failed(outcomes[0], "allreduce", [1])
+    # A peer that is merely slow must get the whole timeout.
+    assert outcomes[0].elapsed_s > 0.9 * FAULT_TIMEOUT.total_seconds(), outcomes[0]
+    assert outcomes[1].destroy_s < PROMPT_DESTROY_S, outcomes[1]
+
+
+@pytest.mark.slow
+def test_silent_peer_in_world_of_three() -> None:
+    outcomes = _run(_silent_peer, 3, 2)
+    for outcome in outcomes[:2]:
+        _assert_failed(outcome, "allreduce", [2])
+        assert outcome.elapsed_s > 0.9 * FAULT_TIMEOUT.total_seconds(), outcome
+    assert outcomes[2].destroy_s < PROMPT_DESTROY_S, outcomes[2]
+
+
+VICTIM = 1
+# One 64 MiB allreduce can take well under 0.1 s on loopback: every rank runs
+# a series of them so that the kill always lands inside one, however fast.
+ALLREDUCES = 200
+
+
+def _allreduce_series(tensor: torch.Tensor) -> None:
+    for _ in range(ALLREDUCES):
+        dist.all_reduce(tensor)
+
+
+def _killed_mid_allreduce(ctx: RankContext) -> Outcome:
+    init_default_group(ctx, FAULT_TIMEOUT)
+    tensor = torch.ones(LARGE_NUMEL)
+    if ctx.rank == VICTIM:
+        store_barrier(ctx.store(), ctx.world_size, "start fault")
+        # Dies from another thread while this one is inside a collective.
+        threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        _allreduce_series(tensor)
+        raise AssertionError("the victim outlived its SIGKILL")
+    return _attempt(ctx, lambda: _allreduce_series(tensor))
+
+
+@pytest.mark.parametrize("world", [2, 3], ids=lambda w: f"w{w}")
+def test_peer_killed_during_64mib_allreduce(world: int) -> None:
+    outcomes = _run(
+        _killed_mid_allreduce, world, expected_exitcodes={VICTIM: -signal.SIGKILL}
+    )
+    assert [o.rank for o in outcomes] == [r for r in range(world) if r != VICTIM]
+    for outcome in outcomes:
+        _assert_failed(outcome, "allreduce", [VICTIM])
