@@ -13,6 +13,7 @@ run many cases inside one spawn and report per-case outcomes with
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing as mp
 import os
@@ -163,14 +164,12 @@ def _kill_tree(proc: mp.process.BaseProcess) -> None:
         return
     try:
         root = psutil.Process(proc.pid)
-        victims = root.children(recursive=True) + [root]
+        victims = [*root.children(recursive=True), root]
     except psutil.NoSuchProcess:
         return
     for victim in victims:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             victim.kill()
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(victims, timeout=10)
 
 
@@ -202,7 +201,7 @@ def run_ranks(
     ``expected_exitcodes`` (default 0). A rank expected to die reports nothing.
     """
     ensure_backend_importable()
-    expected = {rank: 0 for rank in range(world_size)}
+    expected = dict.fromkeys(range(world_size), 0)
     expected.update(expected_exitcodes or {})
     spawn = mp.get_context("spawn")
     server = dist.TCPStore(
@@ -328,7 +327,7 @@ def _rank_entry(
     try:
         payload = pickle.dumps(fn(ctx, *args))
         results_queue.put((ctx.rank, True, payload))
-    except BaseException:  # noqa: BLE001  (whatever it was, the parent must hear of it)
+    except BaseException:
         results_queue.put((ctx.rank, False, traceback.format_exc()))
     # Leaving a group initialised must not keep the process from exiting; the
     # harness reports a rank that hangs here as "did not exit".
@@ -354,7 +353,7 @@ def run_cases(cases: Mapping[str, Check]) -> dict[str, str | None]:
         try:
             check()
             outcomes[name] = None
-        except Exception as exc:  # noqa: BLE001  (each case reports its own failure)
+        except Exception as exc:
             outcomes[name] = (
                 f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-3)}"
             )

@@ -14,6 +14,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+
 from dist_harness import (
     CaseReport,
     Check,

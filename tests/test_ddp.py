@@ -15,6 +15,13 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
+    fp16_compress_hook,
+)
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+
 from dist_harness import (
     CaseReport,
     Check,
@@ -23,12 +30,6 @@ from dist_harness import (
     run_cases,
     run_ranks,
 )
-from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
-    fp16_compress_hook,
-)
-from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, TensorDataset
 
 WORLD_SIZES = (2, 3)
 STEPS = 20

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+
 from dist_harness import (
     RankContext,
     init_default_group,
@@ -56,7 +57,7 @@ def _attempt(ctx: RankContext, call: Callable[[], object]) -> Outcome:
     error: Exception | None = None
     try:
         call()
-    except Exception as exc:  # noqa: BLE001  (the parent judges what was raised)
+    except Exception as exc:
         error = exc
     elapsed = time.monotonic() - started
     started = time.monotonic()
@@ -199,7 +200,7 @@ def _unsupported_input(ctx: RankContext, kind: str) -> tuple[Outcome | None, boo
             else:
                 raise ValueError(kind)
             error: Exception | None = None
-        except Exception as exc:  # noqa: BLE001  (the parent judges what was raised)
+        except Exception as exc:
             error = exc
         outcome = Outcome(
             rank=0,

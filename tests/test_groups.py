@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
+
 from dist_harness import (
     LOOPBACK,
     CaseReport,

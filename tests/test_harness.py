@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from dist_harness import HarnessError, RankContext, run_ranks
 
 

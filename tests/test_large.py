@@ -11,6 +11,7 @@ import functools
 import pytest
 import torch
 import torch.distributed as dist
+
 from dist_harness import (
     CaseReport,
     Check,

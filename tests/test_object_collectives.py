@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+
 from dist_harness import (
     CaseReport,
     Check,

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+
 from dist_harness import RankContext, backend_under_test, init_groups, run_ranks
 from reference import all_inputs, assert_same_as_gloo, seed_of
 

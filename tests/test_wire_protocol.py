@@ -6,6 +6,7 @@ import grpc
 import pytest
 import torch
 import torch.distributed as dist
+
 from dist_harness import RankContext, backend_under_test, init_groups, run_ranks
 
 pytestmark = pytest.mark.skipif(
