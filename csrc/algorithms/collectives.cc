@@ -120,34 +120,38 @@ void broadcast(Collective& c, std::byte* buf, size_t direct_max_bytes) {
   if (w == 1) return;
   const int root = static_cast<int>(c.root());
   const bool is_root = c.rank() == root;
-  // Two ranks that both believe they are the root would each send and never
-  // receive, and return with different data. So the root waits for an empty
-  // acknowledgement (at offset `count`) from the ranks it reached last: a rank
-  // that thought otherwise sends data for another root instead, which fails
-  // the header check on both sides.
+  // Two ranks that both believe they are the root would each send, never
+  // receive, and return different data. So the root waits for an empty
+  // acknowledgement (at offset `count`) from the rank after it, sent as soon as
+  // that rank has checked the first frame. A rank that disagrees sends data
+  // for its own root instead, which fails the header check on both sides; the
+  // acknowledgement overlaps with the rest of the transfer.
+  const int successor = (root + 1) % w;
   const uint64_t ack_offset = c.count();
   if (c.count() * c.element_bytes() <= direct_max_bytes) {
     if (is_root) {
       for (int peer = 0; peer < w; ++peer) {
         if (peer != root) c.send(peer, buf, 0, c.count());
       }
-      for (int peer = 0; peer < w; ++peer) {
-        if (peer != root) c.recv(peer, ack_offset, 0);
-      }
+      c.recv(successor, ack_offset, 0);
     } else {
       copy_frame_into(c, buf, 0, c.recv(root, 0, c.count()));
-      c.send(root, nullptr, ack_offset, 0);
+      if (c.rank() == successor) c.send(root, nullptr, ack_offset, 0);
     }
     return;
   }
   const int position = ring_index(c.rank() - root, w);
   const bool forward = position < w - 1;
+  bool acknowledged = false;
   for_each_chunk(c, Range{0, c.count()}, [&](uint64_t off, uint64_t len) {
     if (!is_root) copy_frame_into(c, buf, off, c.recv(c.prev(), off, len));
     if (forward) c.send(c.next(), buf, off, len);
+    if (position == 1 && !acknowledged) {
+      c.send(root, nullptr, ack_offset, 0);
+      acknowledged = true;
+    }
   });
-  if (is_root) c.recv(c.prev(), ack_offset, 0);
-  if (position == w - 1) c.send(root, nullptr, ack_offset, 0);
+  if (is_root) c.recv(successor, ack_offset, 0);
 }
 
 void allgather(Collective& c, std::byte* out) {
