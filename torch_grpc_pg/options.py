@@ -60,7 +60,7 @@ class Options:
         default_factory=lambda: _env_str("TORCH_GRPC_PG_TLS_SERVER_NAME")
     )
     chunk_bytes: int = field(
-        default_factory=lambda: _env_int("TORCH_GRPC_PG_CHUNK_BYTES", 1 << 20)
+        default_factory=lambda: _env_int("TORCH_GRPC_PG_CHUNK_BYTES", 2 << 20)
     )
     direct_max_bytes: int = field(
         default_factory=lambda: _env_int("TORCH_GRPC_PG_DIRECT_MAX_BYTES", 64 << 10)
@@ -82,7 +82,7 @@ class Options:
         if self.chunk_bytes < 1024:
             raise ValueError(
                 f"grpc backend: chunk_bytes={self.chunk_bytes} is too small; use at least 1024 "
-                "(TORCH_GRPC_PG_CHUNK_BYTES, default 1 MiB)"
+                "(TORCH_GRPC_PG_CHUNK_BYTES, default 2 MiB)"
             )
         if self.direct_max_bytes < 0:
             raise ValueError(

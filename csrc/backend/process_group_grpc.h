@@ -20,7 +20,7 @@ namespace tgpg {
 
 struct BackendOptions {
   TransportConfig transport;
-  size_t chunk_bytes = 1 << 20;        // ring pipelining granularity
+  size_t chunk_bytes = 2 << 20;        // ring pipelining granularity
   size_t direct_max_bytes = 64 << 10;  // at or below: one round trip to every peer instead of the ring
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   std::string group_name;
