@@ -75,6 +75,39 @@ TGPG_AVX2 size_t reduce_blocks(void* dst_ptr, const void* src_ptr, size_t count)
   return i;
 }
 
+// bfloat16, sixteen at a time. Interleaving with zeros inside each 128-bit lane
+// turns bfloat16 into float32 bit patterns without crossing lanes, and the
+// saturating pack at the end undoes exactly that interleaving; this halves
+// the shuffles per element against widening eight at a time.
+TGPG_AVX2 inline __m256i bf16_round(__m256 v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  const __m256i quiet_nan = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
+  const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  return _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
+}
+
+template <typename Op>
+TGPG_AVX2 size_t reduce_bf16_x16(void* dst_ptr, const void* src_ptr, size_t count) {
+  auto* dst = static_cast<unsigned char*>(dst_ptr);
+  const auto* src = static_cast<const unsigned char*>(src_ptr);
+  const __m256i zero = _mm256_setzero_si256();
+  size_t i = 0;
+  for (; i + 16 <= count; i += 16) {
+    const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(dst + 2 * i));
+    const __m256i s = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2 * i));
+    const __m256 lo = Op::apply(_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, d)),
+                                _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, s)));
+    const __m256 hi = Op::apply(_mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, d)),
+                                _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, s)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * i),
+                        _mm256_packus_epi32(bf16_round(lo), bf16_round(hi)));
+  }
+  return i + reduce_blocks<Bf16, Op>(dst + 2 * i, src + 2 * i, count - i);
+}
+
 template <typename Half>
 size_t reduce_blocks_for(void* dst, const void* src, size_t count, ReduceOp op) {
   switch (op) {
@@ -94,7 +127,15 @@ size_t reduce_half_vectorized(void* dst, const void* src, size_t count, DType dt
   static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
   if (!supported) return 0;
   if (dtype == DType::Float16) return reduce_blocks_for<Fp16>(dst, src, count, op);
-  if (dtype == DType::BFloat16) return reduce_blocks_for<Bf16>(dst, src, count, op);
+  if (dtype == DType::BFloat16) {
+    switch (op) {
+      case ReduceOp::Sum: return reduce_bf16_x16<Add>(dst, src, count);
+      case ReduceOp::Product: return reduce_bf16_x16<Mul>(dst, src, count);
+      case ReduceOp::Min: return reduce_bf16_x16<Min>(dst, src, count);
+      case ReduceOp::Max: return reduce_bf16_x16<Max>(dst, src, count);
+      default: return 0;
+    }
+  }
 #endif
   return 0;
 }
