@@ -24,20 +24,25 @@ struct Fp16 {
   }
 };
 
+// Rounds float32 to the nearest even bfloat16, left in the low half of each
+// 32-bit lane; NaNs stay (quiet) NaNs.
+TGPG_AVX2 inline __m256i bf16_round(__m256 v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  const __m256i quiet_nan = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
+  const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  return _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
+}
+
 struct Bf16 {
   TGPG_AVX2 static __m256 load(const void* p) {
     const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
   }
-  // Round to nearest even; NaNs stay (quiet) NaNs.
   TGPG_AVX2 static void store(void* p, __m256 v) {
-    const __m256i bits = _mm256_castps_si256(v);
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-    const __m256i rounded =
-        _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-    const __m256i quiet_nan = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
-    const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    const __m256i out = _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
+    const __m256i out = bf16_round(v);
     const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(out), _mm256_extracti128_si256(out, 1));
     _mm_storeu_si128(static_cast<__m128i*>(p), packed);
   }
@@ -79,16 +84,6 @@ TGPG_AVX2 size_t reduce_blocks(void* dst_ptr, const void* src_ptr, size_t count)
 // turns bfloat16 into float32 bit patterns without crossing lanes, and the
 // saturating pack at the end undoes exactly that interleaving; this halves
 // the shuffles per element against widening eight at a time.
-TGPG_AVX2 inline __m256i bf16_round(__m256 v) {
-  const __m256i bits = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i rounded =
-      _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-  const __m256i quiet_nan = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
-  const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  return _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
-}
-
 template <typename Op>
 TGPG_AVX2 size_t reduce_bf16_x16(void* dst_ptr, const void* src_ptr, size_t count) {
   auto* dst = static_cast<unsigned char*>(dst_ptr);
