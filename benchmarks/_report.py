@@ -54,6 +54,15 @@ def fmt_ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+# The verdict table both benchmark scripts print at the end.
+TARGET_TABLE = [
+    Column("target", "target"),
+    Column("value", "value", fmt_num(2)),
+    Column("goal", "goal"),
+    Column("", "result"),
+]
+
+
 def format_table(rows: Sequence[Row], columns: Sequence[Column]) -> str:
     cells = [[c.header for c in columns]] + [
         [c.fmt(row.get(c.key)) for c in columns] for row in rows

@@ -57,6 +57,7 @@ from _measure import (
     warm_up,
 )
 from _report import (
+    TARGET_TABLE,
     Column,
     OtherLoad,
     Progress,
@@ -283,12 +284,6 @@ RSS_TABLE = [
     Column("peak MiB", "peak_rss_mib", fmt_num(0)),
     Column("peak-base MiB", "peak_over_base_mib", fmt_num(0)),
     Column("limit MiB", "limit_mib", fmt_num(0)),
-]
-TARGET_TABLE = [
-    Column("target", "target"),
-    Column("value", "value", fmt_num(2)),
-    Column("goal", "goal"),
-    Column("", "result"),
 ]
 
 

@@ -32,6 +32,7 @@ from _args import (
 from _backends import available_backends, backends_for_world
 from _measure import device_sync, p90
 from _report import (
+    TARGET_TABLE,
     Column,
     OtherLoad,
     Progress,
@@ -192,12 +193,6 @@ TABLE = [
     Column("samples/s", "samples_per_s", fmt_num(1)),
     Column("step vs ref", "ratio_step", fmt_ratio),
     Column("steps", "steps"),
-]
-TARGET_TABLE = [
-    Column("target", "target"),
-    Column("value", "value", fmt_num(2)),
-    Column("goal", "goal"),
-    Column("", "result"),
 ]
 
 
