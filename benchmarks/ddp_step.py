@@ -26,25 +26,21 @@ import torch.distributed as dist
 from _args import (
     add_common_args,
     candidate_backend,
-    default_backends,
-    reference_backend,
 )
-from _backends import available_backends, backends_for_world
+from _backends import backends_for_world
 from _measure import device_sync, p90
 from _report import (
     TARGET_TABLE,
     Column,
-    OtherLoad,
     Progress,
     Row,
-    busy_note,
     fmt_num,
     fmt_ratio,
     format_table,
-    machine_info,
     other_load_note,
     write_outputs,
 )
+from _run_start import start_run
 from _spawn import RankContext, WorldFailed, default_threads, run_world
 from _targets import ddp_targets
 from torch import nn
@@ -221,17 +217,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
-    # Taken before the run, so that it tells whether other work was using the CPUs.
-    machine = machine_info()
-    if busy := busy_note(machine["cpu_busy_percent"]):
-        print(f"note: {busy}", file=sys.stderr)
-    other_load = OtherLoad()
-    ref = reference_backend(args.device)
-    requested = args.backends or default_backends(args.device)
-    backends, notes = available_backends(requested, args.device)
-    if not backends:
-        print("\n".join([*notes, "no backend left to run"]), file=sys.stderr)
+    start = start_run(args)
+    if start is None:
         return 1
+    machine, other_load, ref = start.machine, start.other_load, start.reference
+    backends, notes = start.backends, start.notes
     worlds = args.world_sizes or [2]
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
