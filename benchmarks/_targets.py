@@ -10,11 +10,22 @@ MiB = 2**20
 RSS_SLACK = 64 * MiB
 
 
-def _find(rows: Sequence[Row], **key: object) -> Row | None:
+HALF_DTYPES = ("bfloat16", "float16")
+
+
+def find_row(rows: Sequence[Row], **key: object) -> Row | None:
+    """The first successful row whose fields equal ``key``."""
     for row in rows:
         if row.get("status") == "ok" and all(row.get(k) == v for k, v in key.items()):
             return row
     return None
+
+
+def allreduce_64mib(rows: Sequence[Row], backend: str, dtype: str) -> Row | None:
+    """The world-2 64 MiB allreduce row that the half-precision targets compare."""
+    return find_row(
+        rows, backend=backend, op="allreduce", dtype=dtype, bytes=64 * MiB, world=2
+    )
 
 
 def _target(
@@ -32,8 +43,8 @@ def _target(
 def _ratio(
     rows: Sequence[Row], metric: str, candidate: str, ref: str, **key: object
 ) -> float | None:
-    cand = _find(rows, backend=candidate, **key)
-    base = _find(rows, backend=ref, **key)
+    cand = find_row(rows, backend=candidate, **key)
+    base = find_row(rows, backend=ref, **key)
     if cand is None or base is None or not base.get(metric):
         return None
     return float(cand[metric]) / float(base[metric])
@@ -79,23 +90,9 @@ def collective_targets(
     out.append(
         _target(name, value, "<= 1.00x", None if value is None else value <= 1.0)
     )
-    f32 = _find(
-        rows,
-        backend=candidate,
-        op="allreduce",
-        dtype="float32",
-        bytes=64 * MiB,
-        world=2,
-    )
-    for dtype in ("bfloat16", "float16"):
-        half = _find(
-            rows,
-            backend=candidate,
-            op="allreduce",
-            dtype=dtype,
-            bytes=64 * MiB,
-            world=2,
-        )
+    f32 = allreduce_64mib(rows, candidate, "float32")
+    for dtype in HALF_DTYPES:
+        half = allreduce_64mib(rows, candidate, dtype)
         value = None if f32 is None or half is None else half["lat_us"] / f32["lat_us"]
         name = f"allreduce {dtype} 64 MiB w2 time / float32 time ({candidate})"
         out.append(

@@ -15,19 +15,11 @@ from typing import Any
 
 from _args import reference_backend
 from _report import Row, fmt_bytes
-
-MiB = 2**20
+from _targets import HALF_DTYPES, MiB, allreduce_64mib, find_row
 
 
 def _load(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
-
-
-def _find(rows: Sequence[Row], **key: object) -> Row | None:
-    for row in rows:
-        if row.get("status") == "ok" and all(row.get(k) == v for k, v in key.items()):
-            return row
-    return None
 
 
 def _cell(row: Row | None, key: str, fmt: str) -> str:
@@ -54,7 +46,10 @@ def collectives(data: dict[str, Any], cand: str, ref: str) -> str:
         lines = []
         for op, nbytes, world in cases:
             key = {"op": op, "dtype": "float32", "bytes": nbytes, "world": world}
-            r, c = _find(rows, backend=ref, **key), _find(rows, backend=cand, **key)
+            r, c = (
+                find_row(rows, backend=ref, **key),
+                find_row(rows, backend=cand, **key),
+            )
             cells = [_cell(r, "busbw_gbps", ".3f"), _cell(c, "busbw_gbps", ".3f")]
             ratio = _ratio(c, r, "busbw_gbps")
             lines.append([op, fmt_bytes(nbytes), str(world), *cells, ratio, "≥ 1.00x"])
@@ -66,7 +61,7 @@ def collectives(data: dict[str, Any], cand: str, ref: str) -> str:
     parts.append("\n#### allreduce float32 1 MiB, bus bandwidth\n")
     parts.append(bw_table([("allreduce", 1 * MiB, 2)]))
     key = {"op": "allreduce", "dtype": "float32", "bytes": 4, "world": 2}
-    r, c = _find(rows, backend=ref, **key), _find(rows, backend=cand, **key)
+    r, c = find_row(rows, backend=ref, **key), find_row(rows, backend=cand, **key)
     parts.append("\n#### allreduce float32 4 B, median latency\n")
     line = [
         _cell(r, "lat_us", ".1f"),
@@ -81,7 +76,7 @@ def collectives(data: dict[str, Any], cand: str, ref: str) -> str:
     parts.append("\n#### Peak RSS of a rank during a 256 MiB allreduce (world 2)\n")
     lines = []
     for backend in (ref, cand):
-        rr = _find(data.get("rss", []), backend=backend, world=2)
+        rr = find_row(data.get("rss", []), backend=backend, world=2)
         cells = [_cell(rr, k, ".0f") for k in ("rss_base_mib", "peak_rss_mib")]
         cells += [_cell(rr, "peak_over_base_mib", ".0f"), _cell(rr, "limit_mib", ".0f")]
         lines.append([backend, *cells])
@@ -93,23 +88,9 @@ def collectives(data: dict[str, Any], cand: str, ref: str) -> str:
     )
     lines = []
     for backend in (cand, ref):
-        f32 = _find(
-            rows,
-            backend=backend,
-            op="allreduce",
-            dtype="float32",
-            bytes=64 * MiB,
-            world=2,
-        )
-        for dtype in ("bfloat16", "float16"):
-            half = _find(
-                rows,
-                backend=backend,
-                op="allreduce",
-                dtype=dtype,
-                bytes=64 * MiB,
-                world=2,
-            )
+        f32 = allreduce_64mib(rows, backend, "float32")
+        for dtype in HALF_DTYPES:
+            half = allreduce_64mib(rows, backend, dtype)
             goal = "≤ 1.20x" if backend == cand else "(reference)"
             cells = [_cell(f32, "lat_us", ".0f"), _cell(half, "lat_us", ".0f")]
             lines.append([backend, dtype, *cells, _ratio(half, f32, "lat_us"), goal])
@@ -128,8 +109,8 @@ def ddp(data: dict[str, Any], cand: str, ref: str) -> str:
     lines = []
     for model in dict.fromkeys(r["model"] for r in rows):
         r, c = (
-            _find(rows, backend=ref, model=model),
-            _find(rows, backend=cand, model=model),
+            find_row(rows, backend=ref, model=model),
+            find_row(rows, backend=cand, model=model),
         )
         cells = [_cell(r, "step_ms", ".1f"), _cell(c, "step_ms", ".1f")]
         cells += [_cell(r, "samples_per_s", ".0f"), _cell(c, "samples_per_s", ".0f")]
