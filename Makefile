@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-APT_PACKAGES := libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler pkg-config
+APT_PACKAGES := libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libssl-dev pkg-config
 SYSTEM_STAMP := build/.system-deps
 VENV_STAMP := $(VENV)/.deps-installed
 EXT_STAMP := build/.extension-built
@@ -22,7 +22,7 @@ all: build
 system-deps: $(SYSTEM_STAMP)
 $(SYSTEM_STAMP):
 	@mkdir -p build
-	@if pkg-config --exists grpc++ protobuf 2>/dev/null && command -v protoc >/dev/null && command -v grpc_cpp_plugin >/dev/null; then \
+	@if pkg-config --exists grpc++ protobuf libcrypto 2>/dev/null && command -v protoc >/dev/null && command -v grpc_cpp_plugin >/dev/null; then \
 		echo "gRPC C++ and protobuf found"; \
 	elif command -v apt-get >/dev/null; then \
 		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q $(APT_PACKAGES); \

@@ -33,7 +33,7 @@ GLUE_FLAGS = ["-O3", *WARNINGS]
 def pkg_config(*args: str) -> list[str]:
     try:
         out = subprocess.check_output(
-            ["pkg-config", *args, "grpc++", "protobuf"], text=True
+            ["pkg-config", *args, "grpc++", "protobuf", "libcrypto"], text=True
         )
     except (OSError, subprocess.CalledProcessError) as e:
         sys.exit(

@@ -8,6 +8,7 @@ Importing this package registers the backend::
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import torch
@@ -23,6 +24,35 @@ BACKEND_NAME = "grpc"
 ProcessGroupGrpc = _C.ProcessGroupGrpc
 
 
+def _store_host(store: Any) -> str | None:
+    """The host of the TCPStore behind ``store`` (through any PrefixStores), if it is one."""
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return store.host if isinstance(store, dist.TCPStore) else None
+
+
+def _address_toward(host: str) -> str | None:
+    """This host's address on the interface that routes to ``host``; no packet is sent."""
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, 1, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(address)
+            return str(probe.getsockname()[0])
+    except OSError:
+        return None
+
+
+def _default_addresses(store: Any) -> tuple[str, str]:
+    """Where to listen and what to advertise when neither is set: the interface that
+    reaches the store's host, since peers reach that host too. Loopback when the store is
+    on loopback, so that a single-host job is not exposed to the network."""
+    host = _store_host(store)
+    local = _address_toward(host) if host else None
+    if local is None:
+        return "0.0.0.0", ""  # no TCP store: every interface, and this host's name
+    return local, local
+
+
 def _create_backend(dist_options: Any, backend_options: Any) -> _C.ProcessGroupGrpc:
     """Called by torch.distributed for every new process group that uses this backend."""
     if backend_options is None:
@@ -33,13 +63,18 @@ def _create_backend(dist_options: Any, backend_options: Any) -> _C.ProcessGroupG
         raise TypeError(
             f"grpc backend: pg_options must be a torch_grpc_pg.Options, got {type(backend_options).__name__}"
         )
+    kwargs = options.as_kwargs(_C.running_server_settings())
+    if not kwargs["bind_host"] or not kwargs["advertise_host"]:
+        bind_host, advertise_host = _default_addresses(dist_options.store)
+        kwargs["bind_host"] = kwargs["bind_host"] or bind_host
+        kwargs["advertise_host"] = kwargs["advertise_host"] or advertise_host
     return _C.ProcessGroupGrpc(
         dist_options.store,
         dist_options.group_rank,
         dist_options.group_size,
         dist_options.timeout,
         str(dist_options.group_id),
-        **options.as_kwargs(),
+        **kwargs,
     )
 
 

@@ -3,9 +3,26 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any
+
+KIB = 1 << 10
+MIB = 1 << 20
+
+# Settings of the process's one gRPC server, which every process group of the
+# process shares: a group that leaves one unset inherits the running server's.
+SERVER_FIELDS = (
+    "bind_host",
+    "port",
+    "unix_sockets",
+    "auth_token",
+    "tls_cert",
+    "tls_key",
+    "tls_ca",
+    "tls_server_name",
+)
 
 
 def _env_str(name: str, default: str = "") -> str:
@@ -33,64 +50,90 @@ def _env_bool(name: str, default: bool) -> bool:
     raise ValueError(f"{name}={raw!r} is not a boolean; use 1 or 0")
 
 
+# Each field: its variable, and how to read that variable.
+_ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "bind_host": ("TORCH_GRPC_PG_BIND_HOST", _env_str),
+    "port": ("TORCH_GRPC_PG_PORT", lambda v: _env_int(v, 0)),
+    "advertise_host": ("TORCH_GRPC_PG_ADVERTISE_HOST", _env_str),
+    "unix_sockets": ("TORCH_GRPC_PG_UNIX_SOCKETS", lambda v: _env_bool(v, True)),
+    "auth_token": ("TORCH_GRPC_PG_AUTH_TOKEN", _env_str),
+    "tls_cert": ("TORCH_GRPC_PG_TLS_CERT", _env_str),
+    "tls_key": ("TORCH_GRPC_PG_TLS_KEY", _env_str),
+    "tls_ca": ("TORCH_GRPC_PG_TLS_CA", _env_str),
+    "tls_server_name": ("TORCH_GRPC_PG_TLS_SERVER_NAME", _env_str),
+    "chunk_bytes": ("TORCH_GRPC_PG_CHUNK_BYTES", lambda v: _env_int(v, 2 * MIB)),
+    "direct_max_bytes": (
+        "TORCH_GRPC_PG_DIRECT_MAX_BYTES",
+        lambda v: _env_int(v, 64 * KIB),
+    ),
+    "max_queued_frames": (
+        "TORCH_GRPC_PG_MAX_QUEUED_FRAMES",
+        lambda v: _env_int(v, 8),
+    ),
+    "connect_timeout": (
+        "TORCH_GRPC_PG_CONNECT_TIMEOUT",
+        lambda v: timedelta(seconds=_env_int(v, 60)),
+    ),
+}
+
+# Inclusive ranges of the numeric fields. chunk_bytes bounds what a rank
+# buffers per frame before it can check it, so its ceiling is a security bound.
+_RANGES: dict[str, tuple[int, int]] = {
+    "port": (0, 65535),
+    "chunk_bytes": (4 * KIB, 64 * MIB),
+    "direct_max_bytes": (0, 64 * MIB),
+    "max_queued_frames": (1, 1024),
+}
+_MAX_CONNECT_TIMEOUT = timedelta(days=1)
+
+
 @dataclass
 class Options:
     """Pass as ``init_process_group("grpc", pg_options=Options(...))``, or set the variables.
 
+    A field left out takes its environment variable's value, except the server's settings
+    (``SERVER_FIELDS``), which a later group inherits from the process's running server.
     See the README's table of options for what each one does.
     """
 
-    bind_host: str = field(
-        default_factory=lambda: _env_str("TORCH_GRPC_PG_BIND_HOST", "0.0.0.0")
-    )
-    port: int = field(default_factory=lambda: _env_int("TORCH_GRPC_PG_PORT", 0))
-    advertise_host: str = field(
-        default_factory=lambda: _env_str("TORCH_GRPC_PG_ADVERTISE_HOST")
-    )
-    unix_sockets: bool = field(
-        default_factory=lambda: _env_bool("TORCH_GRPC_PG_UNIX_SOCKETS", True)
-    )
-    auth_token: str = field(
-        default_factory=lambda: _env_str("TORCH_GRPC_PG_AUTH_TOKEN")
-    )
-    tls_cert: str = field(default_factory=lambda: _env_str("TORCH_GRPC_PG_TLS_CERT"))
-    tls_key: str = field(default_factory=lambda: _env_str("TORCH_GRPC_PG_TLS_KEY"))
-    tls_ca: str = field(default_factory=lambda: _env_str("TORCH_GRPC_PG_TLS_CA"))
-    tls_server_name: str = field(
-        default_factory=lambda: _env_str("TORCH_GRPC_PG_TLS_SERVER_NAME")
-    )
-    chunk_bytes: int = field(
-        default_factory=lambda: _env_int("TORCH_GRPC_PG_CHUNK_BYTES", 2 << 20)
-    )
-    direct_max_bytes: int = field(
-        default_factory=lambda: _env_int("TORCH_GRPC_PG_DIRECT_MAX_BYTES", 64 << 10)
-    )
-    max_queued_frames: int = field(
-        default_factory=lambda: _env_int("TORCH_GRPC_PG_MAX_QUEUED_FRAMES", 8)
-    )
-    connect_timeout: timedelta = field(
-        default_factory=lambda: timedelta(
-            seconds=_env_int("TORCH_GRPC_PG_CONNECT_TIMEOUT", 60)
+    bind_host: str = None  # type: ignore[assignment]
+    port: int = None  # type: ignore[assignment]
+    advertise_host: str = None  # type: ignore[assignment]
+    unix_sockets: bool = None  # type: ignore[assignment]
+    auth_token: str = field(default=None, repr=False)  # type: ignore[assignment]
+    tls_cert: str = None  # type: ignore[assignment]
+    tls_key: str = None  # type: ignore[assignment]
+    tls_ca: str = None  # type: ignore[assignment]
+    tls_server_name: str = None  # type: ignore[assignment]
+    chunk_bytes: int = None  # type: ignore[assignment]
+    direct_max_bytes: int = None  # type: ignore[assignment]
+    max_queued_frames: int = None  # type: ignore[assignment]
+    connect_timeout: timedelta = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        self._given = frozenset(
+            f.name for f in fields(self) if getattr(self, f.name) is not None
         )
-    )
+        for f in fields(self):
+            if getattr(self, f.name) is None:
+                variable, read = _ENV[f.name]
+                setattr(self, f.name, read(variable))
+
+    def given(self, name: str) -> bool:
+        """Whether the field was passed explicitly rather than taken from the environment."""
+        return name in self._given
 
     def validate(self) -> None:
-        if not 0 <= self.port <= 65535:
+        for name, (low, high) in _RANGES.items():
+            value = getattr(self, name)
+            if not low <= value <= high:
+                raise ValueError(
+                    f"grpc backend: {name}={value} is not in [{low}, {high}] ({_ENV[name][0]})"
+                )
+        if not timedelta(0) < self.connect_timeout <= _MAX_CONNECT_TIMEOUT:
             raise ValueError(
-                f"grpc backend: port {self.port} is not in [0, 65535] (TORCH_GRPC_PG_PORT)"
-            )
-        if self.chunk_bytes < 1024:
-            raise ValueError(
-                f"grpc backend: chunk_bytes={self.chunk_bytes} is too small; use at least 1024 "
-                "(TORCH_GRPC_PG_CHUNK_BYTES, default 2 MiB)"
-            )
-        if self.direct_max_bytes < 0:
-            raise ValueError(
-                "grpc backend: direct_max_bytes must be >= 0 (TORCH_GRPC_PG_DIRECT_MAX_BYTES)"
-            )
-        if self.max_queued_frames < 1:
-            raise ValueError(
-                "grpc backend: max_queued_frames must be >= 1 (TORCH_GRPC_PG_MAX_QUEUED_FRAMES)"
+                f"grpc backend: connect_timeout={self.connect_timeout} must be positive and at most "
+                "one day (TORCH_GRPC_PG_CONNECT_TIMEOUT, in seconds)"
             )
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError(
@@ -98,20 +141,12 @@ class Options:
                 "(TORCH_GRPC_PG_TLS_CERT and TORCH_GRPC_PG_TLS_KEY)"
             )
 
-    def as_kwargs(self) -> dict[str, Any]:
+    def as_kwargs(self, running: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The fields, validated; those of the running server's that were not given are inherited."""
         self.validate()
-        return {
-            "bind_host": self.bind_host,
-            "port": self.port,
-            "advertise_host": self.advertise_host,
-            "unix_sockets": self.unix_sockets,
-            "auth_token": self.auth_token,
-            "tls_cert": self.tls_cert,
-            "tls_key": self.tls_key,
-            "tls_ca": self.tls_ca,
-            "tls_server_name": self.tls_server_name,
-            "chunk_bytes": self.chunk_bytes,
-            "direct_max_bytes": self.direct_max_bytes,
-            "max_queued_frames": self.max_queued_frames,
-            "connect_timeout": self.connect_timeout,
-        }
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        if running is not None:
+            for name in SERVER_FIELDS:
+                if not self.given(name):
+                    values[name] = running[name]
+        return values

@@ -17,7 +17,8 @@ bool has_root(OpType op) {
 Collective::Collective(Messenger& messenger, int rank, int world, OpType op, uint64_t seq,
                        DType dtype, uint64_t count, std::chrono::milliseconds timeout,
                        size_t chunk_bytes,
-                       std::shared_ptr<SendTracker> tracker, uint32_t root)
+                       std::shared_ptr<SendTracker> tracker, uint32_t root,
+                       std::optional<Reduction> reduction)
     : messenger_(messenger),
       rank_(rank),
       world_(world),
@@ -30,13 +31,15 @@ Collective::Collective(Messenger& messenger, int rank, int world, OpType op, uin
       element_size_(element_size(dtype)),
       chunk_elements_(std::max<size_t>(1, chunk_bytes / element_size(dtype))),
       tracker_(std::move(tracker)),
-      root_(root) {}
+      root_(root),
+      reduction_(reduction) {}
 
 std::string Collective::describe() const {
   std::ostringstream out;
   out << op_name(op_) << " #" << seq_ << " (" << dtype_name(dtype_) << ", " << count_
       << " elements";
   if (has_root(op_)) out << ", root " << root_;
+  if (reduction_) out << ", " << reduction_name(reduction_code(reduction_));
   out << ")";
   return out.str();
 }
@@ -50,6 +53,7 @@ void Collective::send(int dst, const std::byte* base, uint64_t offset, uint64_t 
   header.offset = offset;
   header.src_rank = static_cast<uint32_t>(rank_);
   header.root = root_;
+  header.reduction = reduction_code(reduction_);
   const ByteView payload = n == 0 ? ByteView{} : ByteView{base + offset * element_size_, n * element_size_};
   try {
     messenger_.send(dst, header, payload, tracker_);
@@ -78,7 +82,8 @@ ReceivedFrame Collective::recv(int src, uint64_t offset, uint64_t n) {
                           std::to_string(h.src_rank) + " failed: " + h.error);
   }
   if (h.seq != seq_ || h.op != static_cast<uint32_t>(op_) ||
-      h.dtype != static_cast<uint32_t>(dtype_) || h.count != count_ || h.root != root_) {
+      h.dtype != static_cast<uint32_t>(dtype_) || h.count != count_ || h.root != root_ ||
+      h.reduction != reduction_code(reduction_)) {
     fail_mismatch(src, h);
   }
   if (h.offset != offset || frame.payload_bytes() != n * element_size_) {
@@ -108,8 +113,9 @@ void Collective::fail_mismatch(int src, const FrameHeader& theirs) const {
       << op_name(theirs.op) << " #" << theirs.seq << " ("
       << dtype_name(static_cast<DType>(theirs.dtype)) << ", " << theirs.count << " elements";
   if (has_root(static_cast<OpType>(theirs.op))) out << ", root " << theirs.root;
+  if (theirs.reduction != 0) out << ", " << reduction_name(theirs.reduction);
   out << "). Every rank of a process group must call the same collectives in the same order, "
-         "with the same dtypes, sizes and roots.";
+         "with the same dtypes, sizes, roots and reduce ops.";
   throw CollectiveError(out.str());
 }
 

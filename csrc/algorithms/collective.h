@@ -3,11 +3,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "algorithms/dtype.h"
 #include "algorithms/messenger.h"
 #include "algorithms/op_type.h"
+#include "algorithms/reduce_op.h"
 
 namespace tgpg {
 
@@ -18,7 +20,8 @@ class Collective {
  public:
   Collective(Messenger& messenger, int rank, int world, OpType op, uint64_t seq, DType dtype,
              uint64_t count, std::chrono::milliseconds timeout, size_t chunk_bytes,
-             std::shared_ptr<SendTracker> tracker, uint32_t root = 0);
+             std::shared_ptr<SendTracker> tracker, uint32_t root = 0,
+             std::optional<Reduction> reduction = std::nullopt);
 
   int rank() const { return rank_; }
   int world() const { return world_; }
@@ -27,6 +30,8 @@ class Collective {
   DType dtype() const { return dtype_; }
   uint64_t count() const { return count_; }
   uint32_t root() const { return root_; }
+  // How received data combines; SUM for collectives that do not reduce.
+  ReduceOp reduce_op() const { return reduction_ ? reduction_->op : ReduceOp::Sum; }
   size_t element_bytes() const { return element_size_; }
   size_t chunk_elements() const { return chunk_elements_; }
   Deadline deadline() const { return deadline_; }
@@ -58,6 +63,7 @@ class Collective {
   size_t chunk_elements_;
   std::shared_ptr<SendTracker> tracker_;
   uint32_t root_;
+  std::optional<Reduction> reduction_;
 };
 
 }  // namespace tgpg

@@ -22,19 +22,25 @@ Range segment(const Collective& c, uint64_t total, int index) {
   return {total * i / w, total * (i + 1) / w};
 }
 
+// Every frame carries at most one chunk, which is what lets a receiver bound
+// what it buffers per frame. An empty range still gets one empty frame, so that
+// the receiver checks its peer's header even when there is nothing to move.
 template <typename Fn>
 void for_each_chunk(const Collective& c, Range range, Fn&& fn) {
+  if (range.begin == range.end) {
+    fn(range.begin, uint64_t{0});
+    return;
+  }
   for (uint64_t begin = range.begin; begin < range.end; begin += c.chunk_elements()) {
     fn(begin, std::min<uint64_t>(c.chunk_elements(), range.end - begin));
   }
 }
 
-void reduce_frame_into(const Collective& c, std::byte* buf, uint64_t offset,
-                       const ReceivedFrame& frame, ReduceOp op) {
+void reduce_frame_into(const Collective& c, std::byte* buf, uint64_t offset, const ReceivedFrame& frame) {
   std::byte* dst = buf + offset * c.element_bytes();
   for_each_element_run(frame.payload, c.element_bytes(),
                        [&](size_t first, const std::byte* src, size_t n) {
-                         reduce_into(dst + first * c.element_bytes(), src, n, c.dtype(), op);
+                         reduce_into(dst + first * c.element_bytes(), src, n, c.dtype(), c.reduce_op());
                        });
 }
 
@@ -46,22 +52,25 @@ int ring_index(int value, int world) { return ((value % world) + world) % world;
 
 // Every rank sends its whole buffer to every peer and reduces the world's
 // buffers in rank order, so all ranks compute bit-identical results.
-void direct_allreduce(Collective& c, std::byte* buf, ReduceOp op) {
+void direct_allreduce(Collective& c, std::byte* buf) {
   const uint64_t n = c.count();
   const size_t bytes = n * c.element_bytes();
+  const Range all{0, n};
   for (int peer = 0; peer < c.world(); ++peer) {
-    if (peer != c.rank()) c.send(peer, buf, 0, n);
+    if (peer != c.rank()) for_each_chunk(c, all, [&](uint64_t off, uint64_t len) { c.send(peer, buf, off, len); });
   }
   std::vector<std::byte> result(bytes);
   for (int src = 0; src < c.world(); ++src) {
     if (src == c.rank()) {
       if (src == 0) std::memcpy(result.data(), buf, bytes);
-      else reduce_into(result.data(), buf, n, c.dtype(), op);
+      else reduce_into(result.data(), buf, n, c.dtype(), c.reduce_op());
       continue;
     }
-    ReceivedFrame frame = c.recv(src, 0, n);
-    if (src == 0) copy_frame_into(c, result.data(), 0, frame);
-    else reduce_frame_into(c, result.data(), 0, frame, op);
+    for_each_chunk(c, all, [&](uint64_t off, uint64_t len) {
+      ReceivedFrame frame = c.recv(src, off, len);
+      if (src == 0) copy_frame_into(c, result.data(), off, frame);
+      else reduce_frame_into(c, result.data(), off, frame);
+    });
   }
   // `buf` is still being read by the transport until our sends are released.
   c.wait_sends_released();
@@ -73,7 +82,7 @@ void direct_allreduce(Collective& c, std::byte* buf, ReduceOp op) {
 // after it, so that it ends up holding the reduced segment (rank + 1 - shift).
 // Each received chunk is reduced and passed on at once; with `send_final` the
 // finished segment is passed on too, which is the first step of an allgather.
-void ring_reduce_scatter(Collective& c, std::byte* buf, ReduceOp op, uint64_t total, int shift,
+void ring_reduce_scatter(Collective& c, std::byte* buf, uint64_t total, int shift,
                          bool send_final) {
   const int r = c.rank();
   const int w = c.world();
@@ -83,17 +92,17 @@ void ring_reduce_scatter(Collective& c, std::byte* buf, ReduceOp op, uint64_t to
     const bool forward = send_final || step < w - 2;
     for_each_chunk(c, segment(c, total, ring_index(r - shift - step - 1, w)), [&](uint64_t off, uint64_t len) {
       ReceivedFrame frame = c.recv(c.prev(), off, len);
-      reduce_frame_into(c, buf, off, frame, op);
+      reduce_frame_into(c, buf, off, frame);
       if (forward) c.send(c.next(), buf, off, len);
     });
   }
 }
 
-void ring_allreduce(Collective& c, std::byte* buf, ReduceOp op) {
+void ring_allreduce(Collective& c, std::byte* buf) {
   const int r = c.rank();
   const int w = c.world();
   const uint64_t n = c.count();
-  ring_reduce_scatter(c, buf, op, n, /*shift=*/0, /*send_final=*/true);
+  ring_reduce_scatter(c, buf, n, /*shift=*/0, /*send_final=*/true);
   for (int step = 0; step < w - 1; ++step) {
     const bool forward = step < w - 2;
     for_each_chunk(c, segment(c, n, ring_index(r - step, w)), [&](uint64_t off, uint64_t len) {
@@ -106,12 +115,12 @@ void ring_allreduce(Collective& c, std::byte* buf, ReduceOp op) {
 
 }  // namespace
 
-void allreduce(Collective& c, std::byte* buf, ReduceOp op, size_t direct_max_bytes) {
+void allreduce(Collective& c, std::byte* buf, size_t direct_max_bytes) {
   if (c.world() == 1) return;
   if (c.count() * c.element_bytes() <= direct_max_bytes || c.count() < static_cast<uint64_t>(c.world())) {
-    direct_allreduce(c, buf, op);
+    direct_allreduce(c, buf);
   } else {
-    ring_allreduce(c, buf, op);
+    ring_allreduce(c, buf);
   }
 }
 
@@ -128,22 +137,29 @@ void broadcast(Collective& c, std::byte* buf, size_t direct_max_bytes) {
   // acknowledgement overlaps with the rest of the transfer.
   const int successor = (root + 1) % w;
   const uint64_t ack_offset = c.count();
+  const Range all{0, c.count()};
   if (c.count() * c.element_bytes() <= direct_max_bytes) {
     if (is_root) {
       for (int peer = 0; peer < w; ++peer) {
-        if (peer != root) c.send(peer, buf, 0, c.count());
+        if (peer != root) for_each_chunk(c, all, [&](uint64_t off, uint64_t len) { c.send(peer, buf, off, len); });
       }
       c.recv(successor, ack_offset, 0);
     } else {
-      copy_frame_into(c, buf, 0, c.recv(root, 0, c.count()));
-      if (c.rank() == successor) c.send(root, nullptr, ack_offset, 0);
+      bool acknowledged = false;
+      for_each_chunk(c, all, [&](uint64_t off, uint64_t len) {
+        copy_frame_into(c, buf, off, c.recv(root, off, len));
+        if (c.rank() == successor && !acknowledged) {
+          c.send(root, nullptr, ack_offset, 0);
+          acknowledged = true;
+        }
+      });
     }
     return;
   }
   const int position = ring_index(c.rank() - root, w);
   const bool forward = position < w - 1;
   bool acknowledged = false;
-  for_each_chunk(c, Range{0, c.count()}, [&](uint64_t off, uint64_t len) {
+  for_each_chunk(c, all, [&](uint64_t off, uint64_t len) {
     if (!is_root) copy_frame_into(c, buf, off, c.recv(c.prev(), off, len));
     if (forward) c.send(c.next(), buf, off, len);
     if (position == 1 && !acknowledged) {
@@ -173,34 +189,41 @@ void allgather(Collective& c, std::byte* out) {
   }
 }
 
-void reduce_scatter(Collective& c, std::byte* buf, ReduceOp op) {
+void reduce_scatter(Collective& c, std::byte* buf) {
   if (c.world() == 1) return;
-  ring_reduce_scatter(c, buf, op, c.count() * static_cast<uint64_t>(c.world()), /*shift=*/1,
+  ring_reduce_scatter(c, buf, c.count() * static_cast<uint64_t>(c.world()), /*shift=*/1,
                       /*send_final=*/false);
 }
 
 void gather(Collective& c, const std::byte* in, std::byte* out) {
   const int root = static_cast<int>(c.root());
   const uint64_t n = c.count();
+  const Range block{0, n};
   if (c.rank() != root) {
-    c.send(root, in, 0, n);
+    for_each_chunk(c, block, [&](uint64_t off, uint64_t len) { c.send(root, in, off, len); });
     return;
   }
   std::memcpy(out + static_cast<uint64_t>(root) * n * c.element_bytes(), in, n * c.element_bytes());
   for (int src = 0; src < c.world(); ++src) {
-    if (src != root) copy_frame_into(c, out, static_cast<uint64_t>(src) * n, c.recv(src, 0, n));
+    if (src == root) continue;
+    for_each_chunk(c, block, [&](uint64_t off, uint64_t len) {
+      copy_frame_into(c, out, static_cast<uint64_t>(src) * n + off, c.recv(src, off, len));
+    });
   }
 }
 
 void scatter(Collective& c, const std::byte* in, std::byte* out) {
   const int root = static_cast<int>(c.root());
   const uint64_t n = c.count();
+  const Range block{0, n};
   if (c.rank() != root) {
-    copy_frame_into(c, out, 0, c.recv(root, 0, n));
+    for_each_chunk(c, block, [&](uint64_t off, uint64_t len) { copy_frame_into(c, out, off, c.recv(root, off, len)); });
     return;
   }
   for (int dst = 0; dst < c.world(); ++dst) {
-    if (dst != root) c.send(dst, in + static_cast<uint64_t>(dst) * n * c.element_bytes(), 0, n);
+    if (dst == root) continue;
+    const std::byte* block_in = in + static_cast<uint64_t>(dst) * n * c.element_bytes();
+    for_each_chunk(c, block, [&](uint64_t off, uint64_t len) { c.send(dst, block_in, off, len); });
   }
   std::memcpy(out, in + static_cast<uint64_t>(root) * n * c.element_bytes(), n * c.element_bytes());
 }
@@ -210,14 +233,18 @@ void alltoall(Collective& c, const std::byte* in, std::byte* out) {
   const size_t block_bytes = n * c.element_bytes();
   const int r = c.rank();
   // Everyone sends first, then receives: frames are queued, so no rank waits on another's receive.
+  const Range block{0, n};
   for (int step = 1; step < c.world(); ++step) {
     const int dst = ring_index(r + step, c.world());
-    c.send(dst, in + static_cast<uint64_t>(dst) * block_bytes, 0, n);
+    const std::byte* block_in = in + static_cast<uint64_t>(dst) * block_bytes;
+    for_each_chunk(c, block, [&](uint64_t off, uint64_t len) { c.send(dst, block_in, off, len); });
   }
   std::memcpy(out + static_cast<uint64_t>(r) * block_bytes, in + static_cast<uint64_t>(r) * block_bytes, block_bytes);
   for (int step = 1; step < c.world(); ++step) {
     const int src = ring_index(r - step, c.world());
-    copy_frame_into(c, out, static_cast<uint64_t>(src) * n, c.recv(src, 0, n));
+    for_each_chunk(c, block, [&](uint64_t off, uint64_t len) {
+      copy_frame_into(c, out, static_cast<uint64_t>(src) * n + off, c.recv(src, off, len));
+    });
   }
 }
 

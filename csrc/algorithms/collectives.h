@@ -14,7 +14,7 @@ namespace tgpg {
 // Combines `buf` across ranks in place. Small buffers go to every peer at once
 // (one round trip); large ones take the bandwidth-optimal ring: reduce-scatter
 // then allgather, chunked so that sending, receiving and reducing overlap.
-void allreduce(Collective& c, std::byte* buf, ReduceOp op, size_t direct_max_bytes);
+void allreduce(Collective& c, std::byte* buf, size_t direct_max_bytes);
 
 // Copies the root's `buf` to every rank, pipelined along the ring from the root.
 void broadcast(Collective& c, std::byte* buf, size_t direct_max_bytes);
@@ -25,7 +25,7 @@ void allgather(Collective& c, std::byte* out);
 
 // `buf` holds world blocks of c.count() elements; afterwards block `rank` holds
 // the reduction of that block over all ranks (the other blocks are scratch).
-void reduce_scatter(Collective& c, std::byte* buf, ReduceOp op);
+void reduce_scatter(Collective& c, std::byte* buf);
 
 // Block-wise exchanges of c.count() elements straight between the ranks
 // involved. `in` is read until the collective's sends are released.

@@ -21,6 +21,7 @@ struct FrameHeader {
   uint64_t offset = 0;
   uint32_t src_rank = 0;
   uint32_t root = 0;
+  uint32_t reduction = 0;  // reduction_code() of the collective's reduction
   std::string error;
 };
 

@@ -58,6 +58,23 @@ const char* reduce_op_name(ReduceOp op) {
   return "unknown op";
 }
 
+namespace {
+constexpr uint32_t kAverageCode = 64;  // apart from every 1 + ReduceOp
+}  // namespace
+
+uint32_t reduction_code(const std::optional<Reduction>& reduction) {
+  if (!reduction) return 0;
+  if (reduction->average) return kAverageCode;
+  return 1 + static_cast<uint32_t>(reduction->op);
+}
+
+std::string reduction_name(uint32_t code) {
+  if (code == 0) return "none";
+  if (code == kAverageCode) return "AVG";
+  if (code <= static_cast<uint32_t>(ReduceOp::BitXor) + 1) return reduce_op_name(static_cast<ReduceOp>(code - 1));
+  return "unknown reduction " + std::to_string(code);
+}
+
 const char* op_name(OpType op) { return op_name(static_cast<uint32_t>(op)); }
 
 const char* op_name(uint32_t op) {

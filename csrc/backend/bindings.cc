@@ -12,6 +12,25 @@ PYBIND11_MODULE(_C, m) {
   // Registers c10d::Backend and c10d::Store with pybind11 before they are used here.
   py::module_::import("torch.distributed");
 
+  m.def(
+      "running_server_settings",
+      []() -> py::object {
+        const auto config = tgpg::running_server_config();
+        if (!config) return py::none();
+        py::dict d;
+        d["bind_host"] = config->bind_host;
+        d["port"] = config->port;
+        d["unix_sockets"] = config->unix_sockets;
+        d["auth_token"] = config->auth_token;
+        d["tls_cert"] = config->tls_cert_file;
+        d["tls_key"] = config->tls_key_file;
+        d["tls_ca"] = config->tls_ca_file;
+        d["tls_server_name"] = config->tls_server_name;
+        return d;
+      },
+      "The security and listening settings of this process's running server, or None: later "
+      "process groups inherit them.");
+
   py::class_<tgpg::ProcessGroupGrpc, c10d::Backend, c10::intrusive_ptr<tgpg::ProcessGroupGrpc>>(
       m, "ProcessGroupGrpc", "The grpc backend of one process group on this rank.")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -36,6 +55,7 @@ PYBIND11_MODULE(_C, m) {
              options.transport.tls_ca_file = tls_ca;
              options.transport.tls_server_name = tls_server_name;
              options.transport.max_queued_frames = max_queued_frames;
+             options.transport.max_payload_bytes = chunk_bytes;
              options.transport.connect_timeout = connect_timeout;
              return c10::make_intrusive<tgpg::ProcessGroupGrpc>(store, rank, size, std::move(options));
            }),

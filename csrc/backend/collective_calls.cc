@@ -25,8 +25,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allreduce(std::vector<at::Tenso
   return enqueue(c10d::OpType::ALLREDUCE, "grpc:all_reduce", tensors, tensors, timeout_of(opts.timeout),
                  [this, stage, dtype, reduction, count](uint64_t seq, std::chrono::milliseconds timeout) {
                    stage->wait_ready();
-                   Collective c = collective(OpType::Allreduce, seq, dtype, count, timeout, keep_alive({stage->host()}));
-                   tgpg::allreduce(c, stage->data(), reduction.op, options_.direct_max_bytes);
+                   Collective c = collective(OpType::Allreduce, seq, dtype, count, timeout, keep_alive({stage->host()}),
+                                             /*root=*/0, reduction);
+                   tgpg::allreduce(c, stage->data(), options_.direct_max_bytes);
                    c.wait_sends_released();
                    if (reduction.average) stage->host().div_(size_);
                    stage->write_back();
@@ -53,9 +54,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allreduce_coalesced(
                  timeout_of(opts.timeout),
                  [this, packed, tensors, dtype, reduction](uint64_t seq, std::chrono::milliseconds timeout) mutable {
                    Collective c = collective(OpType::AllreduceCoalesced, seq, dtype,
-                                             static_cast<uint64_t>(packed.numel()), timeout, keep_alive({packed}));
-                   tgpg::allreduce(c, static_cast<std::byte*>(packed.data_ptr()), reduction.op,
-                                   options_.direct_max_bytes);
+                                             static_cast<uint64_t>(packed.numel()), timeout, keep_alive({packed}),
+                                             /*root=*/0, reduction);
+                   tgpg::allreduce(c, static_cast<std::byte*>(packed.data_ptr()), options_.direct_max_bytes);
                    c.wait_sends_released();
                    if (reduction.average) packed.div_(size_);
                    int64_t offset = 0;

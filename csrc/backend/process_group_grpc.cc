@@ -111,9 +111,9 @@ std::string ProcessGroupGrpc::where(const char* op) const {
 
 Collective ProcessGroupGrpc::collective(OpType op, uint64_t seq, DType dtype, uint64_t count,
                                         std::chrono::milliseconds timeout, std::shared_ptr<void> keepalive,
-                                        uint32_t root) {
+                                        uint32_t root, std::optional<Reduction> reduction) {
   return Collective(*messenger_, rank_, size_, op, seq, dtype, count, timeout, options_.chunk_bytes,
-                    std::make_shared<SendTracker>(std::move(keepalive)), root);
+                    std::make_shared<SendTracker>(std::move(keepalive)), root, reduction);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::enqueue(c10d::OpType type, const char* title,

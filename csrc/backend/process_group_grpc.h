@@ -7,6 +7,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -88,7 +89,7 @@ class ProcessGroupGrpc : public c10d::Backend {
                                          Body body);
   Collective collective(OpType op, uint64_t seq, DType dtype, uint64_t count,
                         std::chrono::milliseconds timeout, std::shared_ptr<void> keepalive,
-                        uint32_t root = 0);
+                        uint32_t root = 0, std::optional<Reduction> reduction = std::nullopt);
   std::chrono::milliseconds timeout_of(std::chrono::milliseconds requested) const;
   std::string where(const char* op) const;
   void check_root(int64_t root, const std::string& where) const;

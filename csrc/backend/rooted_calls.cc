@@ -50,8 +50,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::reduce(std::vector<at::Tensor>&
                  [this, stage, dtype, reduction, count, root, is_root](uint64_t seq, std::chrono::milliseconds timeout) {
                    stage->wait_ready();
                    at::Tensor work = is_root ? stage->host() : stage->host().clone();
-                   Collective c = collective(OpType::Reduce, seq, dtype, count, timeout, keep_alive({work}), root);
-                   tgpg::allreduce(c, bytes_of(work), reduction.op, options_.direct_max_bytes);
+                   Collective c = collective(OpType::Reduce, seq, dtype, count, timeout, keep_alive({work}), root,
+                                             reduction);
+                   tgpg::allreduce(c, bytes_of(work), options_.direct_max_bytes);
                    c.wait_sends_released();
                    if (!is_root) return;
                    if (reduction.average) work.div_(size_);
@@ -164,8 +165,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::reduce_scatter_packed(at::Tenso
   return enqueue(c10d::OpType::REDUCE_SCATTER, "grpc:reduce_scatter", inputs, {output}, timeout_of(opts.timeout),
                  [this, packed, output, dtype, reduction, n](uint64_t seq, std::chrono::milliseconds timeout) mutable {
                    Collective c = collective(OpType::ReduceScatter, seq, dtype, static_cast<uint64_t>(n), timeout,
-                                             keep_alive({packed}));
-                   tgpg::reduce_scatter(c, bytes_of(packed), reduction.op);
+                                             keep_alive({packed}), /*root=*/0, reduction);
+                   tgpg::reduce_scatter(c, bytes_of(packed));
                    c.wait_sends_released();
                    at::Tensor mine = packed.narrow(0, rank_ * n, n);
                    if (reduction.average) mine.div_(size_);

@@ -16,10 +16,6 @@ namespace tgpg {
 // something this backend cannot do.
 DType to_dtype(at::ScalarType type, const std::string& where);
 
-struct Reduction {
-  ReduceOp op;
-  bool average;  // AVG: SUM, then divide by the world size
-};
 Reduction to_reduction(const c10d::ReduceOp& op, DType dtype, const std::string& where);
 
 }  // namespace tgpg

@@ -4,6 +4,8 @@
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/security/server_credentials.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -15,9 +17,11 @@ constexpr int kWindowBytes = 16 << 20;
 constexpr int kReadChunkBytes = 4 << 20;
 constexpr int kMaxFrameBytes = (1 << 24) - 1;  // the largest HTTP/2 allows
 
+// A server only ever sends its two handshake replies.
+constexpr int kMaxReplyBytes = 64 << 10;
+
 template <typename Setter>
 void set_common_arguments(Setter&& set) {
-  set(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, -1);
   set(GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, -1);
   set(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kWindowBytes);
   set(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kMaxFrameBytes);
@@ -53,6 +57,7 @@ bool tls_enabled(const TransportConfig& config) {
 grpc::ChannelArguments channel_arguments(const TransportConfig& config) {
   grpc::ChannelArguments args;
   set_common_arguments([&](const char* key, int value) { args.SetInt(key, value); });
+  args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, kMaxReplyBytes);
   // Every link gets its own TCP connection, so that process groups and peers do
   // not share one connection's flow-control window.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
@@ -63,10 +68,12 @@ grpc::ChannelArguments channel_arguments(const TransportConfig& config) {
   return args;
 }
 
-void apply_server_options(grpc::ServerBuilder& builder) {
-  builder.SetMaxReceiveMessageSize(-1);
+void apply_server_options(grpc::ServerBuilder& builder, size_t max_message_bytes) {
+  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<size_t>(max_message_bytes, INT32_MAX)));
   builder.SetMaxSendMessageSize(-1);
   set_common_arguments([&](const char* key, int value) { builder.AddChannelArgument(key, value); });
+  // Two servers on one fixed port would split its connections between them.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
 }
 

@@ -15,7 +15,9 @@ namespace tgpg {
 // between two fixed peers, so both sides lift the message size limit, widen the
 // HTTP/2 windows and read from sockets in large chunks.
 grpc::ChannelArguments channel_arguments(const TransportConfig& config);
-void apply_server_options(grpc::ServerBuilder& builder);
+// `max_message_bytes` bounds every message the server accepts, before any
+// peer has authenticated: one frame header and one chunk.
+void apply_server_options(grpc::ServerBuilder& builder, size_t max_message_bytes);
 
 std::shared_ptr<grpc::ServerCredentials> server_credentials(const TransportConfig& config);
 std::shared_ptr<grpc::ChannelCredentials> channel_credentials(const TransportConfig& config);

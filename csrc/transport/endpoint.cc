@@ -36,13 +36,23 @@ Endpoint Endpoint::parse(const std::string& text) {
   return e;
 }
 
+namespace {
+
+std::string namespace_id(const char* path) {
+  struct stat ns {};
+  return ::stat(path, &ns) == 0 ? std::to_string(ns.st_ino) : std::string("-");
+}
+
+}  // namespace
+
+// Processes in other network namespaces stand for other hosts (containers,
+// test setups), so they count as other machines even where a shared file
+// system would let them reach the socket.
 std::string local_machine_id() {
-  struct stat mnt {};
-  const bool has_ns = ::stat("/proc/self/ns/mnt", &mnt) == 0;
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
   return std::string(host) + "/" + first_line("/proc/sys/kernel/random/boot_id") + "/" +
-         (has_ns ? std::to_string(mnt.st_ino) : std::string("-"));
+         namespace_id("/proc/self/ns/mnt") + "/" + namespace_id("/proc/self/ns/net");
 }
 
 std::string default_advertise_host() {

@@ -5,7 +5,8 @@
 namespace tgpg {
 
 // Where a rank can be reached, as published in the c10d store. Peers in the
-// same mount namespace of the same boot dial the unix socket; others dial TCP.
+// same mount and network namespaces of the same boot dial the unix socket;
+// others dial TCP.
 struct Endpoint {
   std::string machine;    // identifies this boot and mount namespace
   std::string tcp;        // "host:port"

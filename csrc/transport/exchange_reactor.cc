@@ -2,78 +2,214 @@
 
 #include <string>
 
+#include "transport/handshake.h"
+#include "transport/log.h"
+#include "transport/protocol.h"
 #include "transport/wire_format.h"
 
 namespace tgpg {
 
-ExchangeReactor::ExchangeReactor(std::shared_ptr<Mailbox> mailbox, int src, int rank,
-                                 const grpc::Status& refusal)
-    : mailbox_(std::move(mailbox)), gate_(std::make_shared<Gate>(this)), src_(src), rank_(rank) {
+ExchangeReactor::ExchangeReactor(grpc::CallbackServerContext* ctx, RankServer& server)
+    : ctx_(ctx), server_(server), gate_(std::make_shared<Gate>(this)) {
   auto gate = gate_;
   std::lock_guard<std::recursive_mutex> lock(gate->mutex());
-  if (!mailbox_) {
-    finish(refusal);
+  if (!server_.begin_handshake(gate_)) {
+    refuse(grpc::StatusCode::RESOURCE_EXHAUSTED,
+           "too many connections are handshaking with this rank at once; try again");
     return;
   }
+  in_handshake_ = true;
   read_next();
 }
 
-void ExchangeReactor::read_next() { StartRead(&buffer_); }
+std::string ExchangeReactor::source() const {
+  return (src_ >= 0 ? "rank " + std::to_string(src_) : std::string("a caller")) + " (" + ctx_->peer() + ")";
+}
+
+void ExchangeReactor::read_next() { StartRead(&read_buffer_); }
+
+void ExchangeReactor::write(grpc::ByteBuffer message) {
+  writes_.push_back(std::move(message));
+  if (writes_.size() == 1) StartWrite(&writes_.front());
+}
+
+void ExchangeReactor::OnWriteDone(bool ok) {
+  auto gate = gate_;
+  std::lock_guard<std::recursive_mutex> lock(gate->mutex());
+  writes_.pop_front();
+  if (!ok) writes_.clear();  // the stream broke; a failed read follows and ends it
+  if (!writes_.empty()) {
+    StartWrite(&writes_.front());
+  } else if (finish_after_writes_) {
+    const grpc::Status status = *finish_after_writes_;
+    finish_after_writes_.reset();
+    Finish(status);
+  }
+}
+
+void ExchangeReactor::refuse(grpc::StatusCode code, const std::string& reason, grpc::ByteBuffer reply) {
+  if (finishing_) return;
+  if (reply.Length() > 0) write(std::move(reply));
+  finish(grpc::Status(code, reason));
+}
 
 void ExchangeReactor::finish(grpc::Status status) {
-  if (finished_) return;
-  finished_ = true;
-  Finish(std::move(status));
+  leave_handshake();
+  if (finishing_) return;
+  finishing_ = true;
+  // Finish goes after the replies already queued, so that the caller reads why.
+  if (writes_.empty()) Finish(std::move(status));
+  else finish_after_writes_ = std::move(status);
+}
+
+void ExchangeReactor::leave_handshake() {
+  if (!in_handshake_) return;
+  in_handshake_ = false;
+  server_.end_handshake(gate_.get());
 }
 
 void ExchangeReactor::OnReadDone(bool ok) {
   auto gate = gate_;
   std::lock_guard<std::recursive_mutex> lock(gate->mutex());
+  if (finishing_) return;
   if (!ok) {
-    mailbox_->close_source(src_, "rank " + std::to_string(src_) + " closed its connection to rank " +
-                                     std::to_string(rank_) +
-                                     " (it exited, crashed, or destroyed the process group)");
+    // Only an authenticated stream speaks for its rank: a stranger's closing
+    // stream must not fail anybody's group.
+    if (state_ == State::Open) {
+      group_->mailbox->close_source(src_, "rank " + std::to_string(src_) + " closed its connection to rank " +
+                                              std::to_string(group_->rank) +
+                                              " (it exited, crashed, or destroyed the process group)");
+    }
     finish(grpc::Status::OK);
     return;
   }
-  ReceivedFrame frame;
+  switch (state_) {
+    case State::AwaitHello: on_hello(); break;
+    case State::AwaitProof: on_proof(); break;
+    case State::Open: on_frame(); break;
+  }
+}
+
+void ExchangeReactor::on_hello() {
+  torch_grpc_pg::Frame hello_message;
   try {
-    frame = decode_frame(std::move(buffer_));
+    hello_message = decode_handshake(read_buffer_, HandshakeStep::Hello);
   } catch (const std::exception& e) {
-    const std::string reason = "rank " + std::to_string(src_) + " sent an unreadable frame (" +
-                               e.what() + "); are both ranks running the same torch-grpc-pg version?";
-    mailbox_->fail(reason);
-    finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, reason));
+    refuse(grpc::StatusCode::INVALID_ARGUMENT, e.what());
     return;
   }
-  buffer_.Clear();
+  read_buffer_.Clear();
+  const auto& hello = hello_message.hello();
+  std::string error;
+  if (hello.protocol_version() != kProtocolVersion) {
+    error = "protocol version " + std::to_string(hello.protocol_version()) + " does not match this rank's version " +
+            std::to_string(kProtocolVersion) + "; install the same torch-grpc-pg release on every rank";
+  } else if (hello.nonce().size() != kNonceBytes) {
+    error = "the Hello's nonce has " + std::to_string(hello.nonce().size()) + " bytes, not " +
+            std::to_string(kNonceBytes);
+  } else {
+    group_ = server_.find_group(hello.group_key(), static_cast<int>(hello.src_rank()),
+                                static_cast<int>(hello.dst_rank()), static_cast<int>(hello.world_size()), &error);
+  }
+  torch_grpc_pg::Frame reply;
+  auto* challenge = reply.mutable_challenge();
+  if (!error.empty()) {
+    challenge->set_error(error);
+    refuse(grpc::StatusCode::PERMISSION_DENIED, error, encode_handshake(reply));
+    return;
+  }
+  src_ = static_cast<int>(hello.src_rank());
+  transcript_ = Transcript{hello.group_key(), hello.src_rank(), hello.dst_rank(), hello.world_size(),
+                           hello.nonce(), random_nonce()};
+  challenge->set_nonce(transcript_.server_nonce);
+  challenge->set_proof(make_proof(server_.config().auth_token, ProofRole::Server, transcript_));
+  state_ = State::AwaitProof;
+  write(encode_handshake(reply));
+  read_next();
+}
+
+void ExchangeReactor::on_proof() {
+  torch_grpc_pg::Frame proof_message;
+  try {
+    proof_message = decode_handshake(read_buffer_, HandshakeStep::Proof);
+  } catch (const std::exception& e) {
+    refuse(grpc::StatusCode::INVALID_ARGUMENT, e.what());
+    return;
+  }
+  read_buffer_.Clear();
+  std::string error;
+  if (!check_proof(server_.config().auth_token, ProofRole::Caller, transcript_, proof_message.proof().proof())) {
+    error = "authentication failed: " + source() +
+            " does not hold this rank's TORCH_GRPC_PG_AUTH_TOKEN; set the same token on every rank";
+  } else if (!server_.attach(*group_, src_, ctx_->peer(), &error)) {
+    log_warning("refused a second stream claiming to be rank " + std::to_string(src_) + " of group '" +
+                transcript_.group_key + "' from " + ctx_->peer() + ": " + error);
+  } else {
+    attached_ = true;
+  }
+  torch_grpc_pg::Frame reply;
+  reply.mutable_welcome()->set_error(error);
+  if (!error.empty()) {
+    refuse(grpc::StatusCode::PERMISSION_DENIED, error, encode_handshake(reply));
+    return;
+  }
+  leave_handshake();
+  state_ = State::Open;
+  write(encode_handshake(reply));
+  read_next();
+}
+
+void ExchangeReactor::on_frame() {
+  ReceivedFrame frame;
+  try {
+    frame = decode_frame(std::move(read_buffer_), group_->max_payload_bytes);
+  } catch (const std::exception& e) {
+    const std::string reason = "rank " + std::to_string(src_) + " sent an unreadable frame (" + e.what() +
+                               "); are both ranks running the same torch-grpc-pg release and chunk_bytes?";
+    group_->mailbox->fail(reason);
+    refuse(grpc::StatusCode::INVALID_ARGUMENT, reason);
+    return;
+  }
+  read_buffer_.Clear();
+  // The stream, not the header, says who sent the frame.
+  frame.header.src_rank = static_cast<uint32_t>(src_);
   if (frame.header.kind == FrameKind::Abort) {
-    mailbox_->fail("rank " + std::to_string(src_) + " failed: " + frame.header.error);
+    group_->mailbox->fail("rank " + std::to_string(src_) + " failed: " + frame.header.error);
     read_next();
     return;
   }
-  if (mailbox_->deliver(src_, std::move(frame), gate)) read_next();
+  if (group_->mailbox->deliver(src_, std::move(frame), gate_)) read_next();
 }
 
 void ExchangeReactor::OnCancel() {
   auto gate = gate_;
   std::lock_guard<std::recursive_mutex> lock(gate->mutex());
-  if (mailbox_) {
-    mailbox_->close_source(src_, "the connection from rank " + std::to_string(src_) + " to rank " +
-                                     std::to_string(rank_) + " broke (rank " + std::to_string(src_) +
-                                     " may have crashed)");
+  if (state_ == State::Open) {
+    group_->mailbox->close_source(src_, "the connection from rank " + std::to_string(src_) + " to rank " +
+                                            std::to_string(group_->rank) + " broke (rank " +
+                                            std::to_string(src_) + " may have crashed)");
   }
   finish(grpc::Status::CANCELLED);
 }
 
 void ExchangeReactor::OnDone() {
   gate_->detach();
+  {
+    std::lock_guard<std::recursive_mutex> lock(gate_->mutex());
+    leave_handshake();
+    if (attached_) server_.detach(*group_, src_);
+  }
   delete this;  // the callback API's ownership rule for server reactors
 }
 
 void ExchangeReactor::Gate::resume() {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
-  if (reactor_ != nullptr && !reactor_->finished_) reactor_->read_next();
+  if (reactor_ != nullptr && reactor_->state_ == State::Open && !reactor_->finishing_) reactor_->read_next();
+}
+
+void ExchangeReactor::Gate::cancel() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (reactor_ != nullptr) reactor_->ctx_->TryCancel();
 }
 
 void ExchangeReactor::Gate::detach() {

@@ -4,32 +4,42 @@
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/server_callback.h>
 
+#include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 
+#include "transport/auth.h"
 #include "transport/mailbox.h"
+#include "transport/rank_server.h"
 
 namespace tgpg {
 
-// Server side of one peer's Exchange stream: reads frames and hands them to
-// the group's mailbox, pausing while the mailbox's queue for that peer is full.
+// Server side of one Exchange stream. It runs the handshake (Hello, Challenge,
+// Proof, Welcome) before it believes anything the caller says, then binds the
+// stream to the (group, source rank) it authenticated as and hands its frames
+// to that group's mailbox, pausing while the mailbox's queue for that peer is
+// full. Nothing a caller sends before the Welcome reaches a group.
 class ExchangeReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  // `mailbox` may be null: then the stream is refused with `refusal`.
-  ExchangeReactor(std::shared_ptr<Mailbox> mailbox, int src, int rank, const grpc::Status& refusal);
+  ExchangeReactor(grpc::CallbackServerContext* ctx, RankServer& server);
 
   void OnReadDone(bool ok) override;
+  void OnWriteDone(bool ok) override;
   void OnCancel() override;
   void OnDone() override;
 
  private:
   // gRPC may run a reaction inline, inside the Start* or Finish call that
   // caused it, and OnDone deletes the reactor. The gate therefore lives apart
-  // from the reactor, and its mutex is recursive.
-  class Gate : public ReadGate {
+  // from the reactor, and its mutex is recursive. The mailbox resumes reading
+  // through it, and the server cuts a stalled handshake through it.
+  class Gate : public ReadGate, public Cancellable {
    public:
     explicit Gate(ExchangeReactor* reactor) : reactor_(reactor) {}
     void resume() override;
+    void cancel() override;
     void detach();
     std::recursive_mutex& mutex() { return mutex_; }
 
@@ -38,15 +48,34 @@ class ExchangeReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::B
     ExchangeReactor* reactor_;
   };
 
-  void read_next();             // gate mutex held
-  void finish(grpc::Status s);  // gate mutex held; may delete this
+  enum class State { AwaitHello, AwaitProof, Open };
 
-  std::shared_ptr<Mailbox> mailbox_;
+  // All below run with the gate mutex held.
+  void on_hello();
+  void on_proof();
+  void on_frame();
+  void read_next();
+  void write(grpc::ByteBuffer message);
+  // Ends the stream; a non-empty `reply` is written first, so the caller hears why.
+  void refuse(grpc::StatusCode code, const std::string& reason, grpc::ByteBuffer reply = {});
+  // The one way out: Finish, after any queued replies.
+  void finish(grpc::Status status);
+  void leave_handshake();
+  std::string source() const;
+
+  grpc::CallbackServerContext* ctx_;
+  RankServer& server_;
   std::shared_ptr<Gate> gate_;
-  grpc::ByteBuffer buffer_;
-  int src_;
-  int rank_;
-  bool finished_ = false;
+  State state_ = State::AwaitHello;
+  bool in_handshake_ = false;
+  bool finishing_ = false;
+  grpc::ByteBuffer read_buffer_;
+  std::deque<grpc::ByteBuffer> writes_;  // the front one is in flight
+  std::optional<grpc::Status> finish_after_writes_;
+  std::shared_ptr<ServedGroup> group_;
+  Transcript transcript_;
+  int src_ = -1;
+  bool attached_ = false;
 };
 
 }  // namespace tgpg

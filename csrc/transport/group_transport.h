@@ -5,6 +5,7 @@
 // (which ship their own protobuf) never meet the system's.
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,15 +24,25 @@ class GroupTransport : public Messenger {
   // address problems surface while the group is created.
   virtual void connect(int peer) = 0;
 
-  // Marks the group failed: every wait, now and later, throws `reason`.
+  // Marks the group failed: every wait, now and later, throws `reason`. The
+  // first failure, whether it came from here or from the transport itself
+  // (a broken link, a malformed frame, a peer's abort), is sent on to every
+  // peer, so that nobody waits out a timeout for a rank that has failed.
   virtual void fail(const std::string& reason) = 0;
   virtual bool failed() const = 0;
   virtual std::string failure() const = 0;
-  // Closes every stream; the group cannot be used afterwards.
+  // Closes every stream, all at once and within about a second; the group
+  // cannot be used afterwards.
   virtual void shut_down() = 0;
 };
 
+// The settings of this process's gRPC server while one runs. Every group of a
+// process shares it, so later groups inherit its security settings.
+std::optional<TransportConfig> running_server_config();
+
 // Starts (or joins) this process's gRPC server and registers the group there.
+// Throws std::invalid_argument, naming the field, when `config` asks for
+// security or listening settings other than those of the running server.
 std::unique_ptr<GroupTransport> create_group_transport(const TransportConfig& config,
                                                        const std::string& group_key, int rank, int world);
 

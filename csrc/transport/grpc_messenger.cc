@@ -3,9 +3,17 @@
 #include <stdexcept>
 
 #include "algorithms/collective_error.h"
+#include "transport/log.h"
 #include "transport/wire_format.h"
 
 namespace tgpg {
+namespace {
+
+bool authenticated(const TransportConfig& config) {
+  return !config.auth_token.empty() || !config.tls_cert_file.empty() || !config.tls_ca_file.empty();
+}
+
+}  // namespace
 
 GrpcMessenger::GrpcMessenger(const TransportConfig& config, std::string group_key, int rank, int world)
     : config_(config),
@@ -13,14 +21,19 @@ GrpcMessenger::GrpcMessenger(const TransportConfig& config, std::string group_ke
       rank_(rank),
       world_(world),
       server_(RankServer::acquire(config)),
-      mailbox_(std::make_shared<Mailbox>(rank, world, config.max_queued_frames)),
+      mailbox_(std::make_shared<Mailbox>(rank, world, config.max_queued_frames,
+                                         config.max_queued_frames * config.max_payload_bytes)),
       links_(world) {
   const std::string host = config.advertise_host.empty() ? default_advertise_host() : config.advertise_host;
   const bool ipv6 = host.find(':') != std::string::npos;
   self_.machine = local_machine_id();
   self_.tcp = (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(server_->port());
   self_.unix_path = server_->unix_path();
-  server_->register_group(group_key_, rank_, world_, mailbox_);
+  // Whatever this rank detects (a broken link, a bad frame, an abort) its
+  // peers hear at once, instead of each waiting out its own timeout. The
+  // mailbox runs this once, on its first failure.
+  mailbox_->on_first_failure([this](const std::string& reason) { abort_peers(reason); });
+  server_->register_group(group_key_, rank_, world_, config.max_payload_bytes, mailbox_);
 }
 
 GrpcMessenger::~GrpcMessenger() { shut_down(); }
@@ -28,18 +41,39 @@ GrpcMessenger::~GrpcMessenger() { shut_down(); }
 void GrpcMessenger::set_peer_endpoints(const std::vector<std::string>& endpoints) {
   peers_.clear();
   for (const auto& text : endpoints) peers_.push_back(Endpoint::parse(text));
+  if (authenticated(config_)) return;
+  for (const auto& peer : peers_) {
+    if (peer.machine == self_.machine) continue;
+    static std::once_flag warned;
+    std::call_once(warned, [&] {
+      log_warning("rank " + std::to_string(rank_) + " talks to peers on other hosts (" + peer.tcp +
+                  ") without authentication or encryption: anyone who can reach this rank's port can join "
+                  "its process groups' traffic. Set TORCH_GRPC_PG_AUTH_TOKEN on every rank, and "
+                  "TORCH_GRPC_PG_TLS_CERT/KEY/CA where the network is not trusted.");
+    });
+    return;
+  }
+}
+
+PeerLink* GrpcMessenger::find_link(int peer) {
+  std::lock_guard<std::mutex> lock(links_mutex_);
+  if (shut_down_) throw CollectiveError("the process group was destroyed");
+  return links_.at(peer).get();
 }
 
 PeerLink& GrpcMessenger::link(int peer) {
+  if (PeerLink* existing = find_link(peer)) return *existing;
+  // The handshake may retry for the whole connect timeout: not under the
+  // lock, which abort_peers needs meanwhile. Only this group's worker (or
+  // its constructor) opens links, so no two threads race to open one.
+  const std::string target = dial_target(self_, peers_.at(peer), config_.unix_sockets);
+  auto mailbox = mailbox_;
+  auto opened = std::make_unique<PeerLink>(target, LinkIdentity{group_key_, rank_, peer, world_}, config_,
+                                           [mailbox](const std::string& reason) { mailbox->fail(reason); });
   std::lock_guard<std::mutex> lock(links_mutex_);
   if (shut_down_) throw CollectiveError("the process group was destroyed");
   auto& slot = links_.at(peer);
-  if (!slot) {
-    const std::string target = dial_target(self_, peers_.at(peer), config_.unix_sockets);
-    auto mailbox = mailbox_;
-    slot = std::make_unique<PeerLink>(target, LinkIdentity{group_key_, rank_, peer, world_}, config_,
-                                      [mailbox](const std::string& reason) { mailbox->fail(reason); });
-  }
+  if (!slot) slot = std::move(opened);
   return *slot;
 }
 
@@ -74,14 +108,16 @@ void GrpcMessenger::send(int dst, const FrameHeader& header, ByteView payload,
 
 ReceivedFrame GrpcMessenger::recv(int src, Deadline deadline) { return mailbox_->take(src, deadline); }
 
+void GrpcMessenger::fail(const std::string& reason) { mailbox_->fail(reason); }
+
 void GrpcMessenger::abort_peers(const std::string& reason) {
   FrameHeader header;
   header.kind = FrameKind::Abort;
   header.src_rank = static_cast<uint32_t>(rank_);
-  header.error = reason;
+  header.error = reason.substr(0, kMaxAbortTextBytes);
   // Only over streams already open: dialling a dead peer could take the whole
-  // connect timeout, and a peer without a stream from us learns of the failure
-  // from another peer's abort or from its own timeout.
+  // connect timeout. Links are opened to every peer at creation, so every
+  // peer has one unless creation itself failed.
   std::lock_guard<std::mutex> lock(links_mutex_);
   for (auto& link : links_) {
     if (link) link->write(encode_frame(header, ByteView{}, nullptr));
@@ -98,12 +134,23 @@ void GrpcMessenger::shut_down() {
   }
   server_->unregister_group(group_key_);
   mailbox_->shut_down();
-  links.clear();  // each PeerLink closes its stream, within a bound
+  // All links at once under one deadline, so that destroying a group takes
+  // the same bounded time at any world size.
+  const auto deadline = std::chrono::steady_clock::now() + kCloseTimeout;
+  for (auto& link : links) {
+    if (link) link->begin_close();
+  }
+  for (auto& link : links) {
+    if (link) link->wait_closed(deadline);
+  }
+  links.clear();
 }
 
 }  // namespace tgpg
 
 namespace tgpg {
+
+std::optional<TransportConfig> running_server_config() { return RankServer::running_config(); }
 
 std::unique_ptr<GroupTransport> create_group_transport(const TransportConfig& config,
                                                        const std::string& group_key, int rank, int world) {

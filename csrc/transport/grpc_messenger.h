@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -31,13 +32,17 @@ class GrpcMessenger : public GroupTransport {
   ReceivedFrame recv(int src, Deadline deadline) override;
   void abort_peers(const std::string& reason) override;
 
-  void fail(const std::string& reason) override { mailbox_->fail(reason); }
+  void fail(const std::string& reason) override;
   bool failed() const override { return mailbox_->failed(); }
   std::string failure() const override { return mailbox_->failure(); }
   void shut_down() override;
 
  private:
   PeerLink& link(int peer);
+  PeerLink* find_link(int peer);
+
+  // How long closing the links may take in all, before streams are cut.
+  static constexpr std::chrono::milliseconds kCloseTimeout{1000};
 
   TransportConfig config_;
   std::string group_key_;

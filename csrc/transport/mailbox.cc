@@ -4,16 +4,26 @@
 
 namespace tgpg {
 
-Mailbox::Mailbox(int rank, int world, size_t max_queued_frames)
-    : rank_(rank), max_queued_(std::max<size_t>(1, max_queued_frames)), sources_(world) {}
+Mailbox::Mailbox(int rank, int world, size_t max_queued_frames, size_t max_queued_bytes)
+    : rank_(rank),
+      max_queued_(std::max<size_t>(1, max_queued_frames)),
+      max_queued_bytes_(std::max<size_t>(1, max_queued_bytes)),
+      sources_(world) {}
+
+void Mailbox::on_first_failure(std::function<void(const std::string&)> hook) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  on_first_failure_ = std::move(hook);
+}
 
 bool Mailbox::deliver(int src, ReceivedFrame frame, const std::shared_ptr<ReadGate>& gate) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (shut_down_) return true;
   Source& source = sources_.at(src);
+  source.bytes += frame.payload_bytes();
   source.frames.push_back(std::move(frame));
   arrived_.notify_all();
-  if (source.frames.size() < max_queued_) return true;
+  // The stream reads one message at a time, so pausing here admits nothing more.
+  if (source.frames.size() < max_queued_ && source.bytes < max_queued_bytes_) return true;
   source.paused = gate;
   return false;
 }
@@ -29,20 +39,34 @@ void Mailbox::close_source(int src, const std::string& reason) {
 }
 
 void Mailbox::fail(const std::string& reason) {
+  std::function<void(const std::string&)> hook;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!failure_.empty()) return;
+    failure_ = reason.empty() ? "unknown failure" : reason;
+    arrived_.notify_all();
+    if (!shut_down_) hook = std::move(on_first_failure_);
+    on_first_failure_ = nullptr;
+    hook_running_ = static_cast<bool>(hook);
+  }
+  if (!hook) return;
+  hook(reason.empty() ? "unknown failure" : reason);
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!failure_.empty()) return;
-  failure_ = reason;
+  hook_running_ = false;
   arrived_.notify_all();
 }
 
 void Mailbox::shut_down() {
   std::vector<std::shared_ptr<ReadGate>> paused;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
+    arrived_.wait(lock, [&] { return !hook_running_; });
     shut_down_ = true;
     if (failure_.empty()) failure_ = "the process group was destroyed";
+    on_first_failure_ = nullptr;
     for (Source& source : sources_) {
       source.frames.clear();
+      source.bytes = 0;
       if (source.paused) paused.push_back(std::move(source.paused));
     }
     arrived_.notify_all();
@@ -65,9 +89,12 @@ ReceivedFrame Mailbox::take(int src, Deadline deadline) {
     if (source.frames.empty()) throw CollectiveError(source.closed_reason);
     frame = std::move(source.frames.front());
     source.frames.pop_front();
+    source.bytes -= frame.payload_bytes();
     // Resume at half capacity rather than at once, so a stream is not paused
     // and resumed for every frame.
-    if (source.paused && source.frames.size() <= max_queued_ / 2) to_resume = std::move(source.paused);
+    if (source.paused && source.frames.size() <= max_queued_ / 2 && source.bytes <= max_queued_bytes_ / 2) {
+      to_resume = std::move(source.paused);
+    }
   }
   if (to_resume) to_resume->resume();
   return frame;

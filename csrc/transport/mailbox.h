@@ -23,11 +23,16 @@ class ReadGate {
 
 // Frames received for one process group on this rank, queued per sending peer.
 // Server threads deliver; the group's worker thread takes. Each queue is
-// bounded: a full queue pauses that peer's stream, and HTTP/2 flow control
-// then holds the sender back, so memory does not grow with tensor size.
+// bounded in frames and in bytes: a full queue pauses that peer's stream, and
+// HTTP/2 flow control then holds the sender back, so memory does not grow with
+// tensor size.
 class Mailbox {
  public:
-  Mailbox(int rank, int world, size_t max_queued_frames);
+  Mailbox(int rank, int world, size_t max_queued_frames, size_t max_queued_bytes);
+
+  // Runs once, outside the mailbox's lock, on the first fail(): the group
+  // uses it to tell its peers.
+  void on_first_failure(std::function<void(const std::string&)> hook);
 
   // Server side. Returns false when the caller must stop reading until `gate`
   // is resumed.
@@ -49,6 +54,7 @@ class Mailbox {
  private:
   struct Source {
     std::deque<ReceivedFrame> frames;
+    size_t bytes = 0;
     std::shared_ptr<ReadGate> paused;
     bool closed = false;
     std::string closed_reason;
@@ -56,6 +62,9 @@ class Mailbox {
 
   const int rank_;
   const size_t max_queued_;
+  const size_t max_queued_bytes_;
+  std::function<void(const std::string&)> on_first_failure_;
+  bool hook_running_ = false;  // shut_down waits for it: the hook may use its owner
   mutable std::mutex mutex_;
   std::condition_variable arrived_;
   std::vector<Source> sources_;

@@ -1,146 +1,285 @@
 #include "transport/peer_link.h"
 
+#include <grpcpp/client_context.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/support/client_callback.h>
 
 #include <algorithm>
-#include <chrono>
-#include <thread>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <stdexcept>
+#include <thread>
 
-#include "torch_grpc_pg.grpc.pb.h"
+#include "transport/auth.h"
 #include "transport/channel_options.h"
+#include "transport/handshake.h"
 #include "transport/protocol.h"
 
 namespace tgpg {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+// One Exchange RPC. A reactor serves one call only, so a retried connection
+// attempt is a new Stream on the same channel.
+class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  struct Outcome {
+    bool ok = false;
+    bool retryable = false;  // the peer's server was not reachable (yet)
+    std::string error;
+  };
+
+  Stream(const std::shared_ptr<grpc::Channel>& channel, const LinkIdentity& identity, const std::string& token, std::string description,
+         std::function<void(const std::string&)> on_failure)
+      : identity_(identity), token_(token), description_(std::move(description)), on_failure_(std::move(on_failure)) {
+    transcript_ = Transcript{identity.group_key, static_cast<uint32_t>(identity.src_rank),
+                             static_cast<uint32_t>(identity.dst_rank), static_cast<uint32_t>(identity.world_size),
+                             random_nonce(), ""};
+    grpc::TemplatedGenericStub<grpc::ByteBuffer, grpc::ByteBuffer> stub(channel);
+    stub.PrepareBidiStreamingCall(&context_, kExchangeMethod, grpc::StubOptions(), this);
+    torch_grpc_pg::Frame hello;
+    auto* h = hello.mutable_hello();
+    h->set_protocol_version(kProtocolVersion);
+    h->set_group_key(identity.group_key);
+    h->set_src_rank(transcript_.src_rank);
+    h->set_dst_rank(transcript_.dst_rank);
+    h->set_world_size(transcript_.world_size);
+    h->set_nonce(transcript_.caller_nonce);
+    write(encode_handshake(hello));
+    StartRead(&read_buffer_);
+    StartCall();
+  }
+
+  // Waits for the handshake's end. At the deadline the call is cut.
+  Outcome wait_handshake(Clock::time_point deadline) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!cv_.wait_until(lock, deadline, [&] { return phase_ == Phase::Open || phase_ == Phase::Failed || done_; })) {
+      lock.unlock();
+      fail_handshake("timed out during the handshake", /*retryable=*/true);
+      lock.lock();
+    }
+    if (phase_ == Phase::Open) return {true, false, ""};
+    // A failed handshake ends the call; its OnDone must run before the reactor goes.
+    cv_.wait(lock, [&] { return done_; });
+    return outcome_;
+  }
+
+  bool write(grpc::ByteBuffer message) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (done_ || closing_) return false;
+      if (writing_) {
+        queue_.push_back(std::move(message));
+        return true;
+      }
+      writing_ = true;
+      in_flight_ = std::move(message);
+    }
+    // Never under the mutex: gRPC may run OnWriteDone inline.
+    StartWrite(&in_flight_);
+    return true;
+  }
+
+  void begin_close() {
+    bool send_writes_done = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      closing_ = true;
+      send_writes_done = !writing_ && !writes_done_sent_ && !done_;
+      writes_done_sent_ = writes_done_sent_ || send_writes_done;
+    }
+    if (send_writes_done) StartWritesDone();
+  }
+
+  void wait_closed(Clock::time_point deadline) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!cv_.wait_until(lock, deadline, [&] { return done_; })) {
+      // The peer does not drain its side; cut the stream rather than hang.
+      context_.TryCancel();
+      cv_.wait(lock, [&] { return done_; });
+    }
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the server ended the call; OnDone says why
+    Phase phase;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      phase = phase_;
+    }
+    try {
+      if (phase == Phase::AwaitChallenge) on_challenge();
+      else if (phase == Phase::AwaitWelcome) on_welcome();
+    } catch (const std::exception& e) {
+      fail_handshake(std::string("the peer's handshake reply is malformed: ") + e.what(), false);
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    bool send_writes_done = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      in_flight_.Clear();
+      if (!ok || queue_.empty()) {
+        writing_ = false;
+        // A failed write ends the stream; OnDone reports why. Dropping the
+        // queue releases the payloads it holds.
+        if (!ok) queue_.clear();
+        send_writes_done = ok && closing_ && !writes_done_sent_;
+        writes_done_sent_ = writes_done_sent_ || send_writes_done;
+      } else {
+        in_flight_ = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      if (!writing_ && !send_writes_done) return;
+    }
+    if (send_writes_done) StartWritesDone();
+    else StartWrite(&in_flight_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    bool report = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.clear();
+      if (phase_ != Phase::Open && phase_ != Phase::Failed) {
+        phase_ = Phase::Failed;
+        outcome_ = {false, status.error_code() == grpc::StatusCode::UNAVAILABLE,
+                    status.error_message() + " (gRPC status " + std::to_string(status.error_code()) + ")"};
+      }
+      report = phase_ == Phase::Open && !closing_;
+    }
+    if (report && on_failure_) {
+      on_failure_("the connection from " + description_ + " broke: " +
+                  (status.ok() ? std::string("the peer closed it") : status.error_message()));
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    done_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  enum class Phase { AwaitChallenge, AwaitWelcome, Open, Failed };
+
+  void on_challenge() {
+    const torch_grpc_pg::Frame message = decode_handshake(read_buffer_, HandshakeStep::Challenge);
+    read_buffer_.Clear();
+    const auto& challenge = message.challenge();
+    if (!challenge.error().empty()) {
+      fail_handshake("rank " + std::to_string(identity_.dst_rank) + " refused the connection: " + challenge.error(),
+                     false);
+      return;
+    }
+    transcript_.server_nonce = challenge.nonce();
+    // The server proves itself first: a server planted in the store must not
+    // get this rank's proof.
+    if (challenge.nonce().size() != kNonceBytes ||
+        !check_proof(token_, ProofRole::Server, transcript_, challenge.proof())) {
+      fail_handshake("authentication failed: rank " + std::to_string(identity_.dst_rank) +
+                         " could not prove that it holds this rank's TORCH_GRPC_PG_AUTH_TOKEN. Either the ranks "
+                         "hold different tokens (set the same one on every rank), or the address published "
+                         "in the store is not rank " + std::to_string(identity_.dst_rank) + "'s.",
+                     false);
+      return;
+    }
+    torch_grpc_pg::Frame proof;
+    proof.mutable_proof()->set_proof(make_proof(token_, ProofRole::Caller, transcript_));
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      phase_ = Phase::AwaitWelcome;
+    }
+    write(encode_handshake(proof));
+    StartRead(&read_buffer_);
+  }
+
+  void on_welcome() {
+    const torch_grpc_pg::Frame message = decode_handshake(read_buffer_, HandshakeStep::Welcome);
+    read_buffer_.Clear();
+    if (!message.welcome().error().empty()) {
+      fail_handshake("rank " + std::to_string(identity_.dst_rank) + " refused the connection: " +
+                         message.welcome().error(),
+                     false);
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    phase_ = Phase::Open;
+    cv_.notify_all();
+  }
+
+  void fail_handshake(const std::string& error, bool retryable) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (phase_ == Phase::Open || phase_ == Phase::Failed) return;
+      phase_ = Phase::Failed;
+      outcome_ = {false, retryable, error};
+      cv_.notify_all();
+    }
+    context_.TryCancel();
+  }
+
+  LinkIdentity identity_;
+  std::string token_;
+  std::string description_;
+  std::function<void(const std::string&)> on_failure_;
+  grpc::ClientContext context_;
+  Transcript transcript_;
+  grpc::ByteBuffer read_buffer_;
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  Phase phase_ = Phase::AwaitChallenge;
+  Outcome outcome_;
+  std::deque<grpc::ByteBuffer> queue_;
+  grpc::ByteBuffer in_flight_;
+  bool writing_ = false;
+  bool closing_ = false;
+  bool writes_done_sent_ = false;
+  bool done_ = false;
+};
 
 PeerLink::PeerLink(const std::string& target, const LinkIdentity& identity, const TransportConfig& config,
                    std::function<void(const std::string&)> on_failure)
-    : target_(target),
-      description_("rank " + std::to_string(identity.src_rank) + " to rank " +
-                   std::to_string(identity.dst_rank) + " at " + target),
-      channel_(grpc::CreateCustomChannel(target, channel_credentials(config), channel_arguments(config))),
-      on_failure_(std::move(on_failure)) {
-  handshake(identity, config);
-  context_.AddMetadata(kGroupKeyMetadata, identity.group_key);
-  context_.AddMetadata(kSrcRankMetadata, std::to_string(identity.src_rank));
-  context_.AddMetadata(kTokenMetadata, config.auth_token);
-  grpc::TemplatedGenericStub<grpc::ByteBuffer, grpc::ByteBuffer> stub(channel_);
-  stub.PrepareBidiStreamingCall(&context_, kExchangeMethod, grpc::StubOptions(), this);
-  StartCall();
-}
-
-void PeerLink::handshake(const LinkIdentity& identity, const TransportConfig& config) {
-  torch_grpc_pg::HandshakeRequest request;
-  request.set_protocol_version(kProtocolVersion);
-  request.set_group_key(identity.group_key);
-  request.set_src_rank(static_cast<uint32_t>(identity.src_rank));
-  request.set_dst_rank(static_cast<uint32_t>(identity.dst_rank));
-  request.set_world_size(static_cast<uint32_t>(identity.world_size));
-  request.set_auth_token(config.auth_token);
-  torch_grpc_pg::HandshakeReply reply;
-  auto stub = torch_grpc_pg::ProcessGroupService::NewStub(channel_);
+    : description_("rank " + std::to_string(identity.src_rank) + " to rank " + std::to_string(identity.dst_rank) +
+                   " at " + target),
+      channel_(grpc::CreateCustomChannel(target, channel_credentials(config), channel_arguments(config))) {
   // The peer published its address only after its server was up, so the first
-  // try usually succeeds. Retrying (rather than gRPC's wait_for_ready) keeps the
-  // cause of the last failure, such as a TLS handshake error, for the message.
-  const auto deadline = std::chrono::steady_clock::now() + config.connect_timeout;
+  // try usually succeeds. Retrying (rather than gRPC's wait_for_ready) keeps
+  // the cause of the last failure, such as a TLS error, for the message.
+  const auto deadline = Clock::now() + config.connect_timeout;
   auto backoff = std::chrono::milliseconds(50);
-  grpc::Status status;
   for (;;) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::max(std::chrono::milliseconds(1), std::min<std::chrono::milliseconds>(
-                         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()),
-                         std::chrono::seconds(10))));
-    status = stub->Handshake(&ctx, request, &reply);
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || std::chrono::steady_clock::now() + backoff >= deadline) break;
+    auto stream = std::make_unique<Stream>(channel_, identity, config.auth_token, description_, on_failure);
+    const Stream::Outcome outcome = stream->wait_handshake(deadline);
+    if (outcome.ok) {
+      stream_ = std::move(stream);
+      return;
+    }
+    if (!outcome.retryable) throw std::runtime_error(outcome.error);
+    if (Clock::now() + backoff >= deadline) {
+      throw std::runtime_error("could not connect " + description_ + ": " + outcome.error +
+                               ". Check that the peer is running, that the address is reachable from here (set "
+                               "TORCH_GRPC_PG_ADVERTISE_HOST on the peer if not), that firewalls let its port "
+                               "through, and that both sides use the same TLS settings.");
+    }
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
   }
-  if (!status.ok()) {
-    throw std::runtime_error("could not connect " + description_ + ": " + status.error_message() +
-                             " (gRPC status " + std::to_string(status.error_code()) +
-                             "). Check that the peer is running, that the address is reachable from "
-                             "here (set TORCH_GRPC_PG_ADVERTISE_HOST on the peer if not), that "
-                             "firewalls let its port through, and that both sides use the same TLS settings.");
-  }
-  if (!reply.ok()) throw std::runtime_error("rank " + std::to_string(identity.dst_rank) +
-                                            " refused the connection: " + reply.error());
 }
 
-bool PeerLink::write(grpc::ByteBuffer frame) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (done_ || closing_) return false;
-    if (writing_) {
-      queue_.push_back(std::move(frame));
-      return true;
-    }
-    writing_ = true;
-    in_flight_ = std::move(frame);
-  }
-  // Never under the mutex: gRPC may run OnWriteDone inline.
-  StartWrite(&in_flight_);
-  return true;
+bool PeerLink::write(grpc::ByteBuffer frame) { return stream_->write(std::move(frame)); }
+
+void PeerLink::begin_close() { stream_->begin_close(); }
+
+void PeerLink::wait_closed(std::chrono::steady_clock::time_point deadline) { stream_->wait_closed(deadline); }
+
+PeerLink::~PeerLink() {
+  begin_close();
+  wait_closed(Clock::now() + std::chrono::seconds(2));
 }
-
-void PeerLink::OnWriteDone(bool ok) {
-  bool send_writes_done = false;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    in_flight_.Clear();
-    if (!ok || queue_.empty()) {
-      writing_ = false;
-      // A failed write ends the stream; OnDone reports why. Dropping the queue
-      // releases the payloads it holds.
-      if (!ok) queue_.clear();
-      send_writes_done = ok && closing_ && !writes_done_sent_;
-      writes_done_sent_ = writes_done_sent_ || send_writes_done;
-    } else {
-      in_flight_ = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    if (!writing_ && !send_writes_done) return;
-  }
-  if (send_writes_done) StartWritesDone();
-  else StartWrite(&in_flight_);
-}
-
-void PeerLink::OnWritesDoneDone(bool /*ok*/) {}
-
-void PeerLink::OnDone(const grpc::Status& status) {
-  bool report = false;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    queue_.clear();
-    report = !closing_;
-  }
-  if (report && on_failure_) {
-    on_failure_("the connection from " + description_ + " broke: " +
-                (status.ok() ? std::string("the peer closed it") : status.error_message()));
-  }
-  std::lock_guard<std::mutex> lock(mutex_);
-  done_ = true;
-  done_cv_.notify_all();
-}
-
-void PeerLink::close() {
-  bool send_writes_done = false;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    closing_ = true;
-    send_writes_done = !writing_ && !writes_done_sent_ && !done_;
-    writes_done_sent_ = writes_done_sent_ || send_writes_done;
-  }
-  if (send_writes_done) StartWritesDone();
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (!done_cv_.wait_for(lock, std::chrono::seconds(2), [&] { return done_; })) {
-    // The peer does not drain its side; cut the stream rather than hang.
-    context_.TryCancel();
-    done_cv_.wait(lock, [&] { return done_; });
-  }
-}
-
-PeerLink::~PeerLink() { close(); }
 
 }  // namespace tgpg

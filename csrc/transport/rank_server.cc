@@ -1,109 +1,97 @@
 #include "transport/rank_server.h"
 
+#include <grpc/grpc.h>
 #include <grpcpp/server_builder.h>
-#include <unistd.h>
+#include <sys/stat.h>
 
-#include <atomic>
-#include <chrono>
-#include <cstdio>
-#include <random>
 #include <stdexcept>
 
 #include "torch_grpc_pg.grpc.pb.h"
 #include "transport/channel_options.h"
 #include "transport/exchange_reactor.h"
-#include "transport/protocol.h"
+#include "transport/socket_dir.h"
+#include "transport/wire_format.h"
 
 namespace tgpg {
 namespace {
 
 using ServiceBase = torch_grpc_pg::ProcessGroupService::WithRawCallbackMethod_Exchange<
-    torch_grpc_pg::ProcessGroupService::WithCallbackMethod_Handshake<
-        torch_grpc_pg::ProcessGroupService::Service>>;
+    torch_grpc_pg::ProcessGroupService::Service>;
 
-std::string metadata(const grpc::CallbackServerContext* ctx, const char* key) {
-  const auto& md = ctx->client_metadata();
-  auto it = md.find(key);
-  return it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
+std::mutex& current_mutex() {
+  static std::mutex mutex;
+  return mutex;
 }
 
-std::string unique_unix_path() {
-  const char* tmp = std::getenv("TMPDIR");
-  std::random_device random;
-  char name[128];
-  std::snprintf(name, sizeof(name), "%s/torch-grpc-pg-%d-%08x.sock", tmp && *tmp ? tmp : "/tmp",
-                static_cast<int>(getpid()), random());
-  return name;
+std::weak_ptr<RankServer>& current_server() {
+  static std::weak_ptr<RankServer> server;
+  return server;
+}
+
+// The settings one process's server cannot serve two ways. Returns the first
+// that differs, by its Options name and variable, or "".
+std::string conflicting_setting(const TransportConfig& running, const TransportConfig& wanted) {
+  if (wanted.auth_token != running.auth_token) return "auth_token (TORCH_GRPC_PG_AUTH_TOKEN)";
+  if (wanted.tls_cert_file != running.tls_cert_file) return "tls_cert (TORCH_GRPC_PG_TLS_CERT)";
+  if (wanted.tls_key_file != running.tls_key_file) return "tls_key (TORCH_GRPC_PG_TLS_KEY)";
+  if (wanted.tls_ca_file != running.tls_ca_file) return "tls_ca (TORCH_GRPC_PG_TLS_CA)";
+  if (wanted.tls_server_name != running.tls_server_name) return "tls_server_name (TORCH_GRPC_PG_TLS_SERVER_NAME)";
+  if (wanted.bind_host != running.bind_host) return "bind_host (TORCH_GRPC_PG_BIND_HOST)";
+  if (wanted.port != 0 && wanted.port != running.port) return "port (TORCH_GRPC_PG_PORT)";
+  if (wanted.unix_sockets != running.unix_sockets) return "unix_sockets (TORCH_GRPC_PG_UNIX_SOCKETS)";
+  if (wanted.max_payload_bytes > running.max_payload_bytes) return "chunk_bytes (TORCH_GRPC_PG_CHUNK_BYTES), larger than";
+  return "";
 }
 
 }  // namespace
 
 class RankServer::Service : public ServiceBase {
  public:
-  explicit Service(const RankServer& server) : server_(server) {}
+  explicit Service(RankServer& server) : server_(server) {}
 
-  grpc::ServerUnaryReactor* Handshake(grpc::CallbackServerContext* ctx,
-                                      const torch_grpc_pg::HandshakeRequest* request,
-                                      torch_grpc_pg::HandshakeReply* reply) override {
-    std::string error;
-    if (request->protocol_version() != kProtocolVersion) {
-      error = "protocol version " + std::to_string(request->protocol_version()) +
-              " does not match this rank's version " + std::to_string(kProtocolVersion) +
-              "; install the same torch-grpc-pg release on every rank";
-    } else if (auto group = server_.admit(request->group_key(), request->auth_token(),
-                                          static_cast<int>(request->src_rank()), &error)) {
-      if (static_cast<int>(request->dst_rank()) != group->rank ||
-          static_cast<int>(request->world_size()) != group->world) {
-        error = "rank " + std::to_string(request->src_rank()) + " expected rank " +
-                std::to_string(request->dst_rank()) + " of " + std::to_string(request->world_size()) +
-                " at this address, but it is rank " + std::to_string(group->rank) + " of " +
-                std::to_string(group->world) + "; the store holds stale addresses";
-      }
-    }
-    reply->set_ok(error.empty());
-    reply->set_error(error);
-    auto* reactor = ctx->DefaultReactor();
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
-
-  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Exchange(
-      grpc::CallbackServerContext* ctx) override {
-    std::string error;
-    const std::string src_text = metadata(ctx, kSrcRankMetadata);
-    const int src = src_text.empty() ? -1 : std::atoi(src_text.c_str());
-    auto group = server_.admit(metadata(ctx, kGroupKeyMetadata), metadata(ctx, kTokenMetadata), src, &error);
-    if (!group) {
-      return new ExchangeReactor(nullptr, src, -1,
-                                 grpc::Status(grpc::StatusCode::PERMISSION_DENIED, error));
-    }
-    return new ExchangeReactor(group->mailbox, src, group->rank, grpc::Status::OK);
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Exchange(grpc::CallbackServerContext* ctx) override {
+    return new ExchangeReactor(ctx, server_);  // deletes itself in OnDone
   }
 
  private:
-  const RankServer& server_;
+  RankServer& server_;
 };
 
 std::shared_ptr<RankServer> RankServer::acquire(const TransportConfig& config) {
-  static std::mutex mutex;
-  static std::weak_ptr<RankServer> current;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (auto server = current.lock()) return server;
-  auto server = std::make_shared<RankServer>(config, config.unix_sockets ? unique_unix_path() : "");
-  current = server;
+  std::lock_guard<std::mutex> lock(current_mutex());
+  if (auto server = current_server().lock()) {
+    const std::string field = conflicting_setting(server->config_, config);
+    if (!field.empty()) {
+      throw std::invalid_argument(
+          "this process already serves its process groups with a different " + field +
+          " the one given for this group. Every group of a process shares one server and its "
+          "security settings: leave the field unset in this group's Options to inherit it, or "
+          "give it the same value.");
+    }
+    return server;
+  }
+  auto server = std::make_shared<RankServer>(config);
+  current_server() = server;
   return server;
 }
 
-RankServer::RankServer(const TransportConfig& config, std::string unix_path)
-    : auth_token_(config.auth_token), unix_path_(std::move(unix_path)), service_(std::make_unique<Service>(*this)) {
+std::optional<TransportConfig> RankServer::running_config() {
+  std::lock_guard<std::mutex> lock(current_mutex());
+  if (auto server = current_server().lock()) return server->config_;
+  return std::nullopt;
+}
+
+RankServer::RankServer(const TransportConfig& config) : config_(config), service_(std::make_unique<Service>(*this)) {
   grpc::ServerBuilder builder;
-  apply_server_options(builder);
+  apply_server_options(builder, config.max_payload_bytes + kMaxHeaderBytes);
   const auto credentials = server_credentials(config);
   std::string host = config.bind_host;
   if (host.find(':') != std::string::npos && host.front() != '[') host = "[" + host + "]";
   builder.AddListeningPort(host + ":" + std::to_string(config.port), credentials, &port_);
-  if (!unix_path_.empty()) {
-    ::unlink(unix_path_.c_str());
+  std::unique_ptr<PrivateSocketDir> socket_dir;
+  if (config.unix_sockets) {
+    socket_dir = std::make_unique<PrivateSocketDir>();
+    unix_path_ = socket_dir->socket_path();
     builder.AddListeningPort("unix:" + unix_path_, credentials);
   }
   builder.RegisterService(service_.get());
@@ -111,21 +99,29 @@ RankServer::RankServer(const TransportConfig& config, std::string unix_path)
   if (!server_ || port_ == 0) {
     throw std::runtime_error("could not start the gRPC server on " + host + ":" + std::to_string(config.port) +
                              (unix_path_.empty() ? "" : " and unix:" + unix_path_) +
-                             ". Is the port in use? Choose another with TORCH_GRPC_PG_PORT, or 0 for "
-                             "any free port.");
+                             ": the port is in use, or the address is not one of this host's. Choose another "
+                             "port with TORCH_GRPC_PG_PORT (0 for any free port), or another address with "
+                             "TORCH_GRPC_PG_BIND_HOST.");
+  }
+  config_.port = port_;
+  if (!unix_path_.empty()) {
+    // The directory already keeps other users out; the mode says so too.
+    ::chmod(unix_path_.c_str(), 0600);
+    socket_dir_holder_ = std::move(socket_dir);
   }
 }
 
 RankServer::~RankServer() {
   // Bounded: a peer that never closes its stream must not hang process exit.
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  if (!unix_path_.empty()) ::unlink(unix_path_.c_str());
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
 }
 
-void RankServer::register_group(const std::string& key, int rank, int world,
+void RankServer::register_group(const std::string& key, int rank, int world, size_t max_payload_bytes,
                                 std::shared_ptr<Mailbox> mailbox) {
+  auto group = std::make_shared<ServedGroup>(
+      ServedGroup{rank, world, max_payload_bytes, std::move(mailbox), std::vector<std::string>(world)});
   std::lock_guard<std::mutex> lock(mutex_);
-  groups_[key] = std::make_shared<const Group>(Group{rank, world, std::move(mailbox)});
+  groups_[key] = std::move(group);
 }
 
 void RankServer::unregister_group(const std::string& key) {
@@ -133,13 +129,9 @@ void RankServer::unregister_group(const std::string& key) {
   groups_.erase(key);
 }
 
-std::shared_ptr<const RankServer::Group> RankServer::admit(const std::string& key, const std::string& token,
-                                                          int src, std::string* error) const {
-  if (token != auth_token_) {
-    *error = "authentication failed: the peer's TORCH_GRPC_PG_AUTH_TOKEN differs from this rank's";
-    return nullptr;
-  }
-  std::shared_ptr<const Group> group;
+std::shared_ptr<ServedGroup> RankServer::find_group(const std::string& key, int src, int dst, int world,
+                                                    std::string* error) const {
+  std::shared_ptr<ServedGroup> group;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = groups_.find(key);
@@ -149,11 +141,63 @@ std::shared_ptr<const RankServer::Group> RankServer::admit(const std::string& ke
     *error = "no process group '" + key + "' on this rank (it was destroyed, or never created here)";
     return nullptr;
   }
+  if (dst != group->rank || world != group->world) {
+    *error = "rank " + std::to_string(src) + " expected rank " + std::to_string(dst) + " of " +
+             std::to_string(world) + " at this address, but it is rank " + std::to_string(group->rank) + " of " +
+             std::to_string(group->world) + "; the store holds stale addresses";
+    return nullptr;
+  }
   if (src < 0 || src >= group->world || src == group->rank) {
     *error = "rank " + std::to_string(src) + " is not a peer in a group of " + std::to_string(group->world);
     return nullptr;
   }
   return group;
+}
+
+bool RankServer::attach(ServedGroup& group, int src, const std::string& peer, std::string* error) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::string& holder = group.attached.at(src);
+  if (!holder.empty()) {
+    *error = "rank " + std::to_string(src) + " already has a stream open to rank " + std::to_string(group.rank) +
+             " (from " + holder + "); a process group has exactly one per pair of ranks";
+    return false;
+  }
+  holder = peer.empty() ? "?" : peer;
+  return true;
+}
+
+void RankServer::detach(ServedGroup& group, int src) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  group.attached.at(src).clear();
+}
+
+bool RankServer::begin_handshake(const std::shared_ptr<Cancellable>& stream) {
+  std::vector<std::shared_ptr<Cancellable>> expired;
+  bool admitted = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto now = std::chrono::steady_clock::now();
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (now - it->second.started < kHandshakeTimeout) {
+        ++it;
+        continue;
+      }
+      if (auto s = it->second.stream.lock()) expired.push_back(std::move(s));
+      it = pending_.erase(it);
+    }
+    if (pending_.size() < kMaxPendingHandshakes) {
+      pending_[stream.get()] = Pending{now, stream};
+      admitted = true;
+    }
+  }
+  // Outside the lock: cancelling may run the stream's reactions inline.
+  for (auto& s : expired) s->cancel();
+  return admitted;
+}
+
+void RankServer::end_handshake(const Cancellable* stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  pending_.erase(stream);
 }
 
 }  // namespace tgpg

@@ -2,26 +2,51 @@
 
 #include <grpcpp/server.h>
 
+#include <chrono>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "transport/mailbox.h"
+#include "transport/socket_dir.h"
 #include "transport/transport_config.h"
 
 namespace tgpg {
 
+// Lets the server cut a stream that never finishes its handshake.
+class Cancellable {
+ public:
+  virtual ~Cancellable() = default;
+  virtual void cancel() = 0;
+};
+
+// A process group as the server sees it: where its frames go, and which
+// peers hold its one authenticated stream per source rank.
+struct ServedGroup {
+  int rank;
+  int world;
+  size_t max_payload_bytes;
+  std::shared_ptr<Mailbox> mailbox;
+  std::vector<std::string> attached;  // per source rank: the peer address of its live stream, or ""
+};
+
 // The one gRPC server of this process: every process group on this rank shares
-// its port (and its unix socket). Incoming streams are routed to the group's
-// mailbox by the group key they present.
+// its port (and its unix socket). An incoming Exchange stream authenticates
+// (see ExchangeReactor) and is then bound to one (group, source rank).
 class RankServer {
  public:
-  // Starts the server on first use; later callers share it, and the settings
-  // of the first caller apply. It stops when the last holder lets go.
+  // Starts the server on first use; later callers share it. A caller whose
+  // security or listening settings differ from the running server's gets a
+  // std::invalid_argument naming the field. It stops when the last holder lets go.
   static std::shared_ptr<RankServer> acquire(const TransportConfig& config);
+  // The settings of the running server, if one runs.
+  static std::optional<TransportConfig> running_config();
 
-  RankServer(const TransportConfig& config, std::string unix_path);
+  explicit RankServer(const TransportConfig& config);
   ~RankServer();
   RankServer(const RankServer&) = delete;
   RankServer& operator=(const RankServer&) = delete;
@@ -29,30 +54,47 @@ class RankServer {
   int port() const { return port_; }
   // Empty when unix sockets are off.
   const std::string& unix_path() const { return unix_path_; }
+  const TransportConfig& config() const { return config_; }
 
-  void register_group(const std::string& key, int rank, int world, std::shared_ptr<Mailbox> mailbox);
+  void register_group(const std::string& key, int rank, int world, size_t max_payload_bytes,
+                      std::shared_ptr<Mailbox> mailbox);
   void unregister_group(const std::string& key);
 
-  struct Group {
-    int rank;
-    int world;
-    std::shared_ptr<Mailbox> mailbox;
-  };
-  // Checks a peer's credentials and claims; returns the group or sets `error`.
-  std::shared_ptr<const Group> admit(const std::string& key, const std::string& token, int src,
-                                     std::string* error) const;
-  const std::string& auth_token() const { return auth_token_; }
+  // The group a Hello names, if it exists here and the claims fit it; else sets `error`.
+  std::shared_ptr<ServedGroup> find_group(const std::string& key, int src, int dst, int world,
+                                          std::string* error) const;
+  // Binds an authenticated stream to (group, src). Only one may be live: a
+  // second is refused, with `error` saying from where the first came.
+  bool attach(ServedGroup& group, int src, const std::string& peer, std::string* error);
+  void detach(ServedGroup& group, int src);
+
+  // Streams that have not yet authenticated are few and short-lived: at most
+  // kMaxPendingHandshakes at once, each cut after kHandshakeTimeout. Each may
+  // hold one received message, so this bounds what strangers can make a rank
+  // buffer. Returns false when no slot is free.
+  bool begin_handshake(const std::shared_ptr<Cancellable>& stream);
+  void end_handshake(const Cancellable* stream);
+
+  static constexpr size_t kMaxPendingHandshakes = 16;
+  static constexpr std::chrono::seconds kHandshakeTimeout{10};
 
   class Service;
 
  private:
-  std::string auth_token_;
+  struct Pending {
+    std::chrono::steady_clock::time_point started;
+    std::weak_ptr<Cancellable> stream;
+  };
+
+  TransportConfig config_;
+  std::unique_ptr<PrivateSocketDir> socket_dir_holder_;
   std::string unix_path_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   mutable std::mutex mutex_;
-  std::unordered_map<std::string, std::shared_ptr<const Group>> groups_;
+  std::unordered_map<std::string, std::shared_ptr<ServedGroup>> groups_;
+  std::map<const Cancellable*, Pending> pending_;
 };
 
 }  // namespace tgpg

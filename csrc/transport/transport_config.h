@@ -19,6 +19,7 @@ struct TransportConfig {
   std::string tls_ca_file;            // PEM; verifies peers, and with TLS on both sides, mutual TLS
   std::string tls_server_name;        // name expected in peers' certificates; empty: the dialled host
   size_t max_queued_frames = 8;       // received frames held per peer before reading pauses
+  size_t max_payload_bytes = 2 << 20; // the largest payload of one frame: the group's chunk_bytes
   std::chrono::milliseconds connect_timeout{60000};
 };
 

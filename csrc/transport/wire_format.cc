@@ -34,13 +34,22 @@ torch_grpc_pg::FrameHeader to_proto(const FrameHeader& h) {
   p.set_offset(h.offset);
   p.set_src_rank(h.src_rank);
   p.set_root(h.root);
+  p.set_reduction(h.reduction);
   p.set_error(h.error);
   return p;
 }
 
 FrameHeader from_proto(const torch_grpc_pg::FrameHeader& p) {
   FrameHeader h;
-  h.kind = static_cast<FrameKind>(p.kind());
+  switch (p.kind()) {
+    case torch_grpc_pg::FRAME_KIND_DATA: h.kind = FrameKind::Data; break;
+    case torch_grpc_pg::FRAME_KIND_ABORT: h.kind = FrameKind::Abort; break;
+    default: throw std::runtime_error("unknown frame kind " + std::to_string(p.kind()));
+  }
+  if (p.error().size() > kMaxAbortTextBytes) {
+    throw std::runtime_error("abort text of " + std::to_string(p.error().size()) + " bytes exceeds " +
+                             std::to_string(kMaxAbortTextBytes));
+  }
   h.seq = p.seq();
   h.op = p.op();
   h.dtype = p.dtype();
@@ -48,6 +57,7 @@ FrameHeader from_proto(const torch_grpc_pg::FrameHeader& p) {
   h.offset = p.offset();
   h.src_rank = p.src_rank();
   h.root = p.root();
+  h.reduction = p.reduction();
   h.error = p.error();
   return h;
 }
@@ -150,12 +160,17 @@ grpc::ByteBuffer encode_frame(const FrameHeader& header, ByteView payload,
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
-ReceivedFrame decode_frame(grpc::ByteBuffer&& buffer) {
+ReceivedFrame decode_frame(grpc::ByteBuffer&& buffer, size_t max_payload_bytes) {
   auto slices = std::make_shared<std::vector<grpc::Slice>>();
   if (!buffer.Dump(slices.get()).ok()) throw std::runtime_error("unreadable frame");
   SliceReader reader(*slices);
   if (reader.byte() != kHeaderTag) throw std::runtime_error("frame does not start with a header");
-  const std::string header_bytes = reader.bytes(reader.varint());
+  const uint64_t header_size = reader.varint();
+  if (header_size > kMaxHeaderBytes) {
+    throw std::runtime_error("frame header of " + std::to_string(header_size) + " bytes exceeds " +
+                             std::to_string(kMaxHeaderBytes));
+  }
+  const std::string header_bytes = reader.bytes(header_size);
   torch_grpc_pg::FrameHeader proto;
   if (!proto.ParseFromString(header_bytes)) throw std::runtime_error("malformed frame header");
 
@@ -165,6 +180,10 @@ ReceivedFrame decode_frame(grpc::ByteBuffer&& buffer) {
   if (!reader.at_end()) {
     if (reader.byte() != kPayloadTag) throw std::runtime_error("frame has no payload field");
     const uint64_t payload_size = reader.varint();
+    if (payload_size > max_payload_bytes) {
+      throw std::runtime_error("frame payload of " + std::to_string(payload_size) + " bytes exceeds the " +
+                               std::to_string(max_payload_bytes) + " bytes of a chunk");
+    }
     frame.payload = reader.rest();
     if (frame.payload_bytes() != payload_size) throw std::runtime_error("frame payload is truncated");
   }
