@@ -34,7 +34,9 @@ def _store_host(store: Any) -> str | None:
 def _address_toward(host: str) -> str | None:
     """This host's address on the interface that routes to ``host``; no packet is sent."""
     try:
-        family, _, _, _, address = socket.getaddrinfo(host, 1, type=socket.SOCK_DGRAM)[0]
+        family, _, _, _, address = socket.getaddrinfo(host, 1, type=socket.SOCK_DGRAM)[
+            0
+        ]
         with socket.socket(family, socket.SOCK_DGRAM) as probe:
             probe.connect(address)
             return str(probe.getsockname()[0])

@@ -68,6 +68,8 @@ PYBIND11_MODULE(_C, m) {
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("tcp_address", &tgpg::ProcessGroupGrpc::tcp_address,
                              "host:port where peers reach this rank's server")
+      .def_property_readonly("group_key", &tgpg::ProcessGroupGrpc::group_key,
+                             "the key that names this group instance in link handshakes (not a secret)")
       .def_property_readonly("unix_socket", &tgpg::ProcessGroupGrpc::unix_socket,
                              "path of the unix socket peers on this host use, or '' when off");
 }

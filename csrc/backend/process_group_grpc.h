@@ -38,6 +38,9 @@ class ProcessGroupGrpc : public c10d::Backend {
   // Where peers reach this rank: "host:port", and the unix socket ("" if off).
   std::string tcp_address() const;
   std::string unix_socket() const;
+  // The key that names this group instance in every link handshake. It is
+  // published in the store, so it is no secret; tools and tests use it.
+  std::string group_key() const { return messenger_->group_key(); }
   void setTimeout(std::chrono::milliseconds timeout) override { options_.timeout = timeout; }
   uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
   void setSequenceNumberForGroup() override {}

@@ -13,7 +13,6 @@
 namespace tgpg {
 namespace {
 
-constexpr int kWindowBytes = 16 << 20;
 constexpr int kReadChunkBytes = 4 << 20;
 constexpr int kMaxFrameBytes = (1 << 24) - 1;  // the largest HTTP/2 allows
 
@@ -23,7 +22,7 @@ constexpr int kMaxReplyBytes = 64 << 10;
 template <typename Setter>
 void set_common_arguments(Setter&& set) {
   set(GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, -1);
-  set(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kWindowBytes);
+  set(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, static_cast<int>(kStreamWindowBytes));
   set(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kMaxFrameBytes);
   set(GRPC_ARG_HTTP2_BDP_PROBE, 1);
   set(GRPC_ARG_TCP_READ_CHUNK_SIZE, kReadChunkBytes);

@@ -16,6 +16,7 @@ namespace tgpg {
 
 class GroupTransport : public Messenger {
  public:
+  virtual const std::string& group_key() const = 0;
   // What to publish in the store so that peers can reach this rank.
   virtual std::string local_endpoint() const = 0;
   // Every rank's published endpoint, in rank order; once, before the first send.

@@ -23,6 +23,7 @@ class GrpcMessenger : public GroupTransport {
   GrpcMessenger(const TransportConfig& config, std::string group_key, int rank, int world);
   ~GrpcMessenger() override;
 
+  const std::string& group_key() const override { return group_key_; }
   std::string local_endpoint() const override { return self_.serialize(); }
   void set_peer_endpoints(const std::vector<std::string>& endpoints) override;
   void connect(int peer) override;

@@ -1,6 +1,7 @@
 #include "transport/rank_server.h"
 
 #include <grpc/grpc.h>
+#include <grpcpp/resource_quota.h>
 #include <grpcpp/server_builder.h>
 #include <sys/stat.h>
 
@@ -84,8 +85,10 @@ std::optional<TransportConfig> RankServer::running_config() {
 RankServer::RankServer(const TransportConfig& config) : config_(config), service_(std::make_unique<Service>(*this)) {
   grpc::ServerBuilder builder;
   apply_server_options(builder, config.max_payload_bytes + kMaxHeaderBytes);
+  resize_quota();
+  builder.SetResourceQuota(quota_);
   const auto credentials = server_credentials(config);
-  std::string host = config.bind_host;
+  std::string host = config.bind_host.empty() ? "0.0.0.0" : config.bind_host;
   if (host.find(':') != std::string::npos && host.front() != '[') host = "[" + host + "]";
   builder.AddListeningPort(host + ":" + std::to_string(config.port), credentials, &port_);
   std::unique_ptr<PrivateSocketDir> socket_dir;
@@ -122,11 +125,28 @@ void RankServer::register_group(const std::string& key, int rank, int world, siz
       ServedGroup{rank, world, max_payload_bytes, std::move(mailbox), std::vector<std::string>(world)});
   std::lock_guard<std::mutex> lock(mutex_);
   groups_[key] = std::move(group);
+  resize_quota();
 }
 
 void RankServer::unregister_group(const std::string& key) {
   std::lock_guard<std::mutex> lock(mutex_);
   groups_.erase(key);
+  resize_quota();
+}
+
+void RankServer::resize_quota() {
+  // gRPC buffers a whole message before it checks its size against the
+  // receive limit, so a stranger could announce a huge one. The quota caps
+  // what the server's connections may hold at once: what the groups' peers
+  // legitimately keep in flight (a full mailbox queue and a full HTTP/2
+  // window per peer, twice over for slack) plus a reserve for handshakes.
+  size_t bytes = kQuotaReserveBytes;
+  for (const auto& [key, group] : groups_) {
+    const size_t per_peer = config_.max_queued_frames * (group->max_payload_bytes + kMaxHeaderBytes) +
+                            kStreamWindowBytes;
+    bytes += 2 * per_peer * static_cast<size_t>(group->world - 1);
+  }
+  quota_.Resize(bytes);
 }
 
 std::shared_ptr<ServedGroup> RankServer::find_group(const std::string& key, int src, int dst, int world,

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <grpcpp/resource_quota.h>
 #include <grpcpp/server.h>
 
 #include <chrono>
@@ -86,7 +87,12 @@ class RankServer {
     std::weak_ptr<Cancellable> stream;
   };
 
+  void resize_quota();  // mutex_ held, or in the constructor
+
+  static constexpr size_t kQuotaReserveBytes = 128 << 20;
+
   TransportConfig config_;
+  grpc::ResourceQuota quota_{"torch_grpc_pg"};
   std::unique_ptr<PrivateSocketDir> socket_dir_holder_;
   std::string unix_path_;
   std::unique_ptr<Service> service_;
