@@ -178,6 +178,21 @@ def test_different_broadcast_roots() -> None:
         _assert_failed(outcome, "broadcast", [0, 1])
 
 
+def _reduce_op_mismatch(ctx: RankContext, numel: int) -> Outcome:
+    init_default_group(ctx, FAULT_TIMEOUT)
+    tensor = torch.arange(numel, dtype=torch.float32)
+    op = dist.ReduceOp.SUM if ctx.rank == 0 else dist.ReduceOp.MAX
+    return _attempt(ctx, lambda: dist.all_reduce(tensor, op=op))
+
+
+@pytest.mark.parametrize("numel", [SMALL_NUMEL, MEDIUM_NUMEL], ids=["one-shot", "ring"])
+def test_different_reduce_ops(numel: int) -> None:
+    # SUM on one rank and MAX on the other would each return a plausible tensor.
+    for outcome in _run(_reduce_op_mismatch, 2, numel):
+        _assert_failed(outcome, "allreduce", [0, 1])
+        assert "SUM" in outcome.message and "MAX" in outcome.message, outcome.message
+
+
 # --------------------------------------------------------------------------- unsupported input
 
 
