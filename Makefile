@@ -47,7 +47,7 @@ $(EXT_STAMP): $(SYSTEM_STAMP) $(VENV_STAMP) $(EXT_SOURCES)
 
 build: $(EXT_STAMP)
 
-test: build
+test: build cpp-test sanitize fuzz
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 demo: build
@@ -66,3 +66,46 @@ format: $(VENV_STAMP)
 
 clean:
 	rm -rf build torch_grpc_pg/_proto torch_grpc_pg/*.so *.egg-info
+
+# C++ tests below the process level (tests/cpp/Makefile): GoogleTest suites of
+# the collective algorithms over an in-memory transport, the mailbox and the
+# frame and handshake decoders, and libFuzzer runs of the two decoders.
+#   make cpp-test                g++ -O1
+#   make sanitize                g++ with AddressSanitizer and UndefinedBehaviorSanitizer
+#   make tsan                    g++ with ThreadSanitizer (about a minute; not part of make test)
+#   make fuzz                    each fuzz target for FUZZ_SECONDS seconds (default 15)
+#   make fuzz FUZZ_SECONDS=600   a long run; the corpus under build/cpp-tests/fuzz/corpus carries over
+FUZZ_SECONDS ?= 15
+CPP_TEST_APT_PACKAGES := g++ clang-14 libfuzzer-14-dev libgtest-dev
+CPP_TEST_STAMP := build/.cpp-test-deps
+CPP_TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+# Parallel unless this make already runs parallel and hands out its own job slots.
+CPP_TESTS = $(MAKE) -f tests/cpp/Makefile $(if $(findstring jobserver,$(MAKEFLAGS)),,-j$(CPP_TEST_JOBS))
+
+.PHONY: cpp-test sanitize tsan fuzz cpp-test-deps
+
+cpp-test-deps: $(CPP_TEST_STAMP)
+$(CPP_TEST_STAMP): $(SYSTEM_STAMP)
+	@if command -v g++ >/dev/null && command -v clang++-14 >/dev/null && test -f /usr/include/gtest/gtest.h && \
+		ls /usr/lib/libgtest.a /usr/lib/*/libgtest.a 2>/dev/null | grep -q .; then \
+		echo "g++, clang 14 and GoogleTest found"; \
+	elif command -v apt-get >/dev/null; then \
+		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q $(CPP_TEST_APT_PACKAGES); \
+	else \
+		echo "error: the C++ tests need g++, clang++-14 with libFuzzer, and GoogleTest (libgtest.a)." >&2; \
+		echo "  Debian/Ubuntu names: $(CPP_TEST_APT_PACKAGES)" >&2; \
+		exit 1; \
+	fi
+	@touch $@
+
+cpp-test: $(CPP_TEST_STAMP)
+	$(CPP_TESTS) VARIANT=gcc test
+
+sanitize: $(CPP_TEST_STAMP)
+	$(CPP_TESTS) VARIANT=asan test
+
+tsan: $(CPP_TEST_STAMP)
+	$(CPP_TESTS) VARIANT=tsan test
+
+fuzz: $(CPP_TEST_STAMP)
+	$(CPP_TESTS) VARIANT=fuzz fuzz FUZZ_SECONDS=$(FUZZ_SECONDS)

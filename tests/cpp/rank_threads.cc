@@ -1,0 +1,36 @@
+#include "rank_threads.h"
+
+#include <stdexcept>
+#include <thread>
+
+namespace tgpg_test {
+
+std::vector<std::exception_ptr> run_on_ranks(int world, const std::function<void(int rank)>& body) {
+  std::vector<std::exception_ptr> errors(world);
+  std::vector<std::thread> threads;
+  threads.reserve(world);
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        body(rank);
+      } catch (...) {
+        errors[rank] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+std::string error_message(const std::exception_ptr& error) {
+  if (!error) return "";
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "(an exception that is not a std::exception)";
+  }
+}
+
+}  // namespace tgpg_test
