@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import multiprocessing as mp
 import os
 import pickle
@@ -358,6 +359,15 @@ def run_cases(cases: Mapping[str, Check]) -> dict[str, str | None]:
                 f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-3)}"
             )
     return outcomes
+
+
+@functools.cache
+def spawn_cases(
+    fn: Callable[..., Any], world_size: int, **run_kwargs: Any
+) -> CaseReport:
+    """Runs ``fn`` (which returns :func:`run_cases` outcomes) on ``world_size`` ranks, once
+    per distinct call: every test of a module then asserts its slice of the same spawn."""
+    return CaseReport.from_spawn(lambda: run_ranks(fn, world_size, **run_kwargs))
 
 
 @dataclass

@@ -22,7 +22,7 @@ from dist_harness import (
     RankContext,
     init_groups,
     run_cases,
-    run_ranks,
+    spawn_cases,
 )
 from layouts import MEDIUM_NUMEL, ODD_NUMEL
 from reference import (
@@ -227,9 +227,8 @@ def _rank_main(ctx: RankContext) -> dict[str, str | None]:
     return run_cases(_cases(ctx))
 
 
-@functools.cache
 def _report(world: int) -> CaseReport:
-    return CaseReport.from_spawn(lambda: run_ranks(_rank_main, world, timeout_s=300))
+    return spawn_cases(_rank_main, world, timeout_s=300)
 
 
 WORLD = pytest.mark.parametrize("world", WORLD_SIZES, ids=lambda w: f"w{w}")

@@ -21,7 +21,7 @@ from dist_harness import (
     RankContext,
     init_groups,
     run_cases,
-    run_ranks,
+    spawn_cases,
 )
 from layouts import MEDIUM_NUMEL, ODD_NUMEL, SHAPES, TRANSPOSED_NUMEL, place
 from reference import (
@@ -87,12 +87,25 @@ def _all_reduce(
 
 
 def _all_reduce_rejected(dtype_name: str, op: str) -> Check:
-    """AVG is float-only and bitwise ops are integer-only: the call itself must fail."""
+    """AVG is float-only and bitwise ops are integer-only: the call itself must fail, saying
+    why, before anything is sent, and the group must still work afterwards."""
+    why = (
+        "ReduceOp.AVG needs a floating-point tensor"
+        if op == "AVG"
+        else "is a bitwise op and needs an integer or bool tensor"
+    )
 
     def check() -> None:
         tensor = torch.ones(5, dtype=DTYPES[dtype_name])
-        with pytest.raises(RuntimeError):
+        with pytest.raises(
+            RuntimeError, match=f"allreduce on rank {dist.get_rank()}: .*{why}"
+        ):
             dist.all_reduce(tensor, op=REDUCE_OPS[op])
+        probe = torch.ones(5, dtype=torch.int32)
+        dist.all_reduce(probe)
+        assert torch.equal(
+            probe, torch.full((5,), dist.get_world_size(), dtype=torch.int32)
+        )
 
     return check
 
@@ -289,9 +302,8 @@ def _rank_main(ctx: RankContext) -> dict[str, str | None]:
 # --------------------------------------------------------------------------- tests
 
 
-@functools.cache
 def _report(world: int) -> CaseReport:
-    return CaseReport.from_spawn(lambda: run_ranks(_rank_main, world, timeout_s=600))
+    return spawn_cases(_rank_main, world, timeout_s=600)
 
 
 WORLD = pytest.mark.parametrize("world", WORLD_SIZES, ids=lambda w: f"w{w}")

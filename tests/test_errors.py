@@ -79,8 +79,8 @@ def _names_op(message: str, op: str) -> bool:
 
 
 def _names_rank(message: str, rank: int) -> bool:
-    # A standalone number: not part of "10", "0.5" or "rank10".
-    return re.search(rf"(?<![\w.]){rank}(?!\w|\.\d)", message) is not None
+    # "rank 2" or "Rank 2" as words: not "#2", "2 elements", "rank 20" or "rank 2.5".
+    return re.search(rf"\b[Rr]ank {rank}(?!\w|\.\d)", message) is not None
 
 
 def _assert_failed(

@@ -19,6 +19,7 @@ from dist_harness import (
     init_groups,
     run_cases,
     run_ranks,
+    spawn_cases,
     store_barrier,
 )
 from layouts import MEDIUM_NUMEL, ODD_NUMEL
@@ -166,9 +167,8 @@ def _subgroup_rank_main(ctx: RankContext) -> dict[str, str | None]:
     return run_cases(cases)
 
 
-@functools.cache
 def _subgroups() -> CaseReport:
-    return CaseReport.from_spawn(lambda: run_ranks(_subgroup_rank_main, 3))
+    return spawn_cases(_subgroup_rank_main, 3)
 
 
 def test_all_reduce_in_group_that_excludes_a_rank() -> None:
@@ -290,11 +290,8 @@ def _reinit_rank_main(ctx: RankContext) -> dict[str, str | None]:
     return run_cases(cases)
 
 
-@functools.cache
 def _reinit() -> CaseReport:
-    return CaseReport.from_spawn(
-        lambda: run_ranks(_reinit_rank_main, 2, spare_ports=len(INIT_METHODS))
-    )
+    return spawn_cases(_reinit_rank_main, 2, spare_ports=len(INIT_METHODS))
 
 
 @pytest.mark.parametrize("method", INIT_METHODS)

@@ -18,7 +18,7 @@ from dist_harness import (
     RankContext,
     init_groups,
     run_cases,
-    run_ranks,
+    spawn_cases,
 )
 from reference import (
     assert_equal,
@@ -88,9 +88,8 @@ def _rank_main(ctx: RankContext) -> dict[str, str | None]:
     return run_cases(_cases(ctx, ref))
 
 
-@functools.cache
 def _report(world: int) -> CaseReport:
-    return CaseReport.from_spawn(lambda: run_ranks(_rank_main, world, timeout_s=400))
+    return spawn_cases(_rank_main, world, timeout_s=400)
 
 
 WORLD = pytest.mark.parametrize("world", WORLD_SIZES, ids=lambda w: f"w{w}")

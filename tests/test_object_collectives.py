@@ -20,7 +20,7 @@ from dist_harness import (
     RankContext,
     init_groups,
     run_cases,
-    run_ranks,
+    spawn_cases,
 )
 
 WORLD_SIZES = (1, 2, 3)
@@ -85,9 +85,8 @@ def _rank_main(ctx: RankContext) -> dict[str, str | None]:
     return run_cases(cases)
 
 
-@functools.cache
 def _report(world: int) -> CaseReport:
-    return CaseReport.from_spawn(lambda: run_ranks(_rank_main, world))
+    return spawn_cases(_rank_main, world)
 
 
 WORLD = pytest.mark.parametrize("world", WORLD_SIZES, ids=lambda w: f"w{w}")
