@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 ROOT = Path(__file__).resolve().parent
@@ -117,7 +117,6 @@ class BuildWithTransport(BuildExtension):
     def build_extensions(self) -> None:
         # A fixed place, so that editable installs rebuild only what changed.
         self.build_temp = str(ROOT / "build" / "temp")
-        generate_python()
         sources = torch_free_sources() + generate_cpp()
         headers = list(CSRC.rglob("*.h")) + list(GENERATED.glob("*.h"))
         newest_header = max(h.stat().st_mtime for h in headers)
@@ -149,6 +148,10 @@ class BuildWithTransport(BuildExtension):
         super().build_extensions()
 
 
+# Before setup(): every command, metadata included, must see the generated
+# package, so that wheels and sdists ship the stubs as editable installs do.
+generate_python()
+
 extension = CppExtension(
     name="torch_grpc_pg._C",
     sources=[str(p.relative_to(ROOT)) for p in sorted((CSRC / "backend").glob("*.cc"))],
@@ -165,15 +168,16 @@ setup(
     if (ROOT / "README.md").exists()
     else "",
     long_description_content_type="text/markdown",
-    packages=find_packages(include=["torch_grpc_pg", "torch_grpc_pg.*"]),
+    # Listed, not found: torch_grpc_pg._proto is generated above.
+    packages=["torch_grpc_pg", "torch_grpc_pg._proto"],
     python_requires=">=3.9",
+    # What the installed package imports; grpcio-tools and pybind11 are needed
+    # only to build (requirements-dev.txt).
     install_requires=[
         "torch>=2.4",
         "grpcio",
-        "grpcio-tools",
         "protobuf",
         "numpy",
-        "pybind11",
     ],
     ext_modules=[extension],
     cmdclass={"build_ext": BuildWithTransport.with_options(use_ninja=True)},
