@@ -1,5 +1,10 @@
 #include "backend/grpc_work.h"
 
+#include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
+
+#include <algorithm>
+
 namespace tgpg {
 namespace {
 
@@ -14,6 +19,14 @@ std::vector<c10::Device> devices_of(const std::vector<at::Tensor>& tensors) {
   return devices;
 }
 
+void log_callback_error(const char* what) {
+  try {
+    LOG(WARNING) << "grpc backend: a callback on a collective's future raised: " << what
+                 << " (the error is contained; the process group is unaffected)";
+  } catch (...) {
+  }
+}
+
 }  // namespace
 
 GrpcWork::GrpcWork(int rank, c10d::OpType type, const char* profiling_title,
@@ -23,14 +36,40 @@ GrpcWork::GrpcWork(int rank, c10d::OpType type, const char* profiling_title,
       future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
                                                        devices_of(outputs_))) {}
 
-void GrpcWork::complete() {
-  future_->markCompleted(c10::IValue(outputs_));
-  finish();
+// The future first, then the Work, as ProcessGroupGloo does: whoever returns
+// from wait() may read the future's value at once.
+void GrpcWork::complete() noexcept {
+  if (settled_.exchange(true)) return;
+  try {
+    future_->markCompleted(c10::IValue(outputs_));
+  } catch (const c10::Error& e) {
+    log_callback_error(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    log_callback_error(e.what());
+  } catch (...) {
+    log_callback_error("an exception of unknown type");
+  }
+  try {
+    finish();
+  } catch (...) {
+  }
 }
 
-void GrpcWork::fail(std::exception_ptr error) {
-  future_->setError(error);
-  finish(error);
+void GrpcWork::fail(std::exception_ptr error) noexcept {
+  if (settled_.exchange(true)) return;
+  try {
+    future_->setErrorIfNeeded(error);
+  } catch (const c10::Error& e) {
+    log_callback_error(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    log_callback_error(e.what());
+  } catch (...) {
+    log_callback_error("an exception of unknown type");
+  }
+  try {
+    finish(error);
+  } catch (...) {
+  }
 }
 
 }  // namespace tgpg

@@ -34,17 +34,77 @@ std::string message_of(const std::exception& e) {
   return e.what();
 }
 
+// `now() + timeout` must not overflow steady_clock (nanoseconds) for a
+// timedelta.max-like timeout: a year is as good as forever here. Such a
+// timeout may also arrive negative: timedelta.max overflows on its way from
+// Python (in microseconds) and wraps. No caller means a negative timeout (the
+// "unset" marker is resolved before this), so it counts as a huge one too.
+constexpr std::chrono::milliseconds kMaxTimeout = std::chrono::hours(24 * 365);
+
+std::chrono::milliseconds clamp_timeout(std::chrono::milliseconds timeout) {
+  if (timeout.count() < 0) return kMaxTimeout;
+  return std::min(timeout, kMaxTimeout);
+}
+
+// A group's own timeout: "unset" means the default.
+std::chrono::milliseconds group_timeout(std::chrono::milliseconds timeout) {
+  return timeout == c10d::kUnsetTimeout ? BackendOptions().timeout : clamp_timeout(timeout);
+}
+
+// How long shutdown() lets a running job, woken by the transport's failure,
+// leave the part that uses the transport before the transport shuts down.
+constexpr std::chrono::milliseconds kRunGrace{500};
+// How long the destructor waits for the worker to leave a user callback.
+constexpr std::chrono::milliseconds kWorkerExitGrace{1000};
+
+constexpr const char* kOk = "ok";
+constexpr const char* kFailedPrefix = "failed: ";
+
+std::string seconds_text(std::chrono::milliseconds ms) {
+  std::ostringstream out;
+  out << static_cast<double>(ms.count()) / 1000.0 << " s";
+  return out.str();
+}
+
+std::string failed_text(const std::string& reason) {
+  return "the process group failed earlier and is unusable (" + reason +
+         "). Destroy it with destroy_process_group() and create a new one.";
+}
+
+std::string cannot_run(const char* title, uint64_t seq, int rank, const std::string& why) {
+  return std::string(title) + " #" + std::to_string(seq) + " on rank " + std::to_string(rank) +
+         " cannot run: " + why;
+}
+
 }  // namespace
 
 ProcessGroupGrpc::ProcessGroupGrpc(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                    BackendOptions options)
     : c10d::Backend(rank, size), options_(std::move(options)) {
   TORCH_CHECK(rank >= 0 && rank < size, "grpc backend: rank ", rank, " is not in [0, ", size, ").");
+  options_.timeout = group_timeout(options_.timeout);
+  timeout_ms_.store(options_.timeout.count());
+  options_.transport.connect_timeout = clamp_timeout(options_.transport.connect_timeout);
   rendezvous(store);
+  state_.ready();
 }
 
-ProcessGroupGrpc::~ProcessGroupGrpc() { shutdown(); }
+ProcessGroupGrpc::~ProcessGroupGrpc() {
+  // Safe on any thread, the worker included (a future callback that drops
+  // the last reference): shutdown() never waits for a callback, and the queue
+  // detaches rather than joins its own thread.
+  try {
+    shutdown();
+  } catch (...) {
+  }
+  queue_.finish_worker(kWorkerExitGrace);
+}
 
+void ProcessGroupGrpc::setTimeout(std::chrono::milliseconds timeout) {
+  timeout_ms_.store(group_timeout(timeout).count());
+}
+
+// Initializing (group_state.h): connect, report, wait for every report, decide together.
 void ProcessGroupGrpc::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) {
   // Several groups may share one store prefix (a group re-created on the same
   // store): the arrival count tells which generation this one is.
@@ -53,32 +113,100 @@ void ProcessGroupGrpc::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) 
   const std::string prefix = std::string(kStorePrefix) + generation + "/";
   if (rank_ == 0) store_set(store, prefix + "instance", random_hex());
   const std::string group_key = options_.group_name + "#" + store_string(store, prefix + "instance");
+  const std::chrono::milliseconds bound = options_.transport.connect_timeout;
 
+  // This rank's outcome: "" when it could reach every peer.
+  std::string failure;
   try {
     messenger_ = create_group_transport(options_.transport, group_key, rank_, size_);
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, "grpc backend on rank ", rank_, ": ", e.what());
+    failure = "could not start its transport: " + message_of(e);
   }
-  store_set(store, prefix + "endpoint/" + std::to_string(rank_), messenger_->local_endpoint());
+  // An empty address tells peers not to wait for, or dial, a rank that failed to start.
+  store_set(store, prefix + "endpoint/" + std::to_string(rank_), messenger_ ? messenger_->local_endpoint() : "");
+  std::vector<bool> absent(size_, false);  // never published an address within `bound`
+  if (failure.empty()) failure = connect_peers(store, prefix, absent);
+
+  // Report, then keep the server up until every rank that is coming has
+  // reported (or `bound` has passed), so that no peer still connecting finds
+  // this rank gone and every rank decides on the same reports.
+  store_set(store, prefix + "outcome/" + std::to_string(rank_),
+            failure.empty() ? std::string(kOk) : kFailedPrefix + failure);
+  store->add(prefix + "reported", 1);
+  std::vector<std::string> awaited;
+  for (int r = 0; r < size_; ++r) {
+    if (!absent[r]) awaited.push_back(prefix + "outcome/" + std::to_string(r));
+  }
+  try {
+    store->wait(awaited, bound);
+  } catch (const std::exception&) {
+    // Named below.
+  }
+
+  std::vector<std::string> failures;
+  for (int r = 0; r < size_; ++r) {
+    const std::string key = prefix + "outcome/" + std::to_string(r);
+    if (!store->check({key})) {
+      failures.push_back(
+          "rank " + std::to_string(r) + ": " +
+          (absent[r] ? "did not publish its address within the connect timeout (" + seconds_text(bound) +
+                           ", TORCH_GRPC_PG_CONNECT_TIMEOUT); it may have crashed or hung before creating this "
+                           "group, or still be starting"
+                     : "did not report the outcome of its setup within " + seconds_text(bound) +
+                           " (TORCH_GRPC_PG_CONNECT_TIMEOUT) of rank " + std::to_string(rank_) +
+                           "'s report; it may have crashed or hung, or still be connecting"));
+      continue;
+    }
+    const std::string outcome = store_string(store, key);
+    if (outcome == kOk) continue;
+    const std::string reason =
+        outcome.rfind(kFailedPrefix, 0) == 0 ? outcome.substr(std::string(kFailedPrefix).size()) : outcome;
+    failures.push_back("rank " + std::to_string(r) + ": " + reason);
+  }
+  if (failures.empty()) return;
+  std::ostringstream message;
+  message << "grpc backend on rank " << rank_ << ": creating process group '" << options_.group_name
+          << "' of " << size_ << " ranks failed; every rank of the group raises this error. "
+          << (failures.size() == 1 ? "The failure:" : "The failures:");
+  for (const auto& line : failures) message << "\n  " << line;
+  C10_THROW_ERROR(DistBackendError, message.str());
+}
+
+std::string ProcessGroupGrpc::connect_peers(const c10::intrusive_ptr<c10d::Store>& store,
+                                            const std::string& prefix, std::vector<bool>& absent) {
+  const auto deadline = std::chrono::steady_clock::now() + options_.transport.connect_timeout;
   std::vector<std::string> endpoints;
   endpoints.reserve(size_);
+  bool peer_failed_to_start = false;
   for (int r = 0; r < size_; ++r) {
     const std::string key = prefix + "endpoint/" + std::to_string(r);
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    bool published = true;
     try {
-      store->wait({key}, options_.transport.connect_timeout);
+      store->wait({key}, std::max(left, std::chrono::milliseconds(1)));
     } catch (const std::exception&) {
-      C10_THROW_ERROR(DistBackendError,
-                      "grpc backend on rank " + std::to_string(rank_) + ": rank " + std::to_string(r) +
-                          " did not publish its address within the connect timeout (" +
-                          std::to_string(options_.transport.connect_timeout.count() / 1000) +
-                          " s, TORCH_GRPC_PG_CONNECT_TIMEOUT). It may have failed to start: see its own error.");
+      published = store->check({key});  // it may have arrived just now
+    }
+    if (!published) {
+      std::string missing;
+      int count = 0;
+      for (int q = r; q < size_; ++q) {
+        if (store->check({prefix + "endpoint/" + std::to_string(q)})) continue;
+        absent[q] = true;
+        missing += (count++ == 0 ? "" : ", ") + std::to_string(q);
+      }
+      return (count == 1 ? "rank " : "ranks ") + missing + " did not publish an address within the connect timeout (" +
+             seconds_text(options_.transport.connect_timeout) + ", TORCH_GRPC_PG_CONNECT_TIMEOUT)";
     }
     endpoints.push_back(store_string(store, key));
+    if (endpoints.back().empty()) peer_failed_to_start = true;
   }
+  // That rank reports its own reason; there is nothing to connect to.
+  if (peer_failed_to_start) return "";
   try {
     messenger_->set_peer_endpoints(endpoints);
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, "grpc backend on rank ", rank_, ": ", e.what());
+    return message_of(e);
   }
   // Every peer now, not at the first send: address and credential problems
   // surface here, no collective stalls on a connect, and a failing rank can
@@ -88,9 +216,10 @@ void ProcessGroupGrpc::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) 
     try {
       messenger_->connect(peer);
     } catch (const std::exception& e) {
-      C10_THROW_ERROR(DistBackendError, "grpc backend on rank " + std::to_string(rank_) + ": " + e.what());
+      return message_of(e);
     }
   }
+  return "";
 }
 
 std::string ProcessGroupGrpc::tcp_address() const {
@@ -102,7 +231,8 @@ std::string ProcessGroupGrpc::unix_socket() const {
 }
 
 std::chrono::milliseconds ProcessGroupGrpc::timeout_of(std::chrono::milliseconds requested) const {
-  return requested == c10d::kUnsetTimeout ? options_.timeout : requested;
+  return requested == c10d::kUnsetTimeout ? std::chrono::milliseconds(timeout_ms_.load())
+                                          : clamp_timeout(requested);
 }
 
 std::string ProcessGroupGrpc::where(const char* op) const {
@@ -121,36 +251,120 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::enqueue(c10d::OpType type, cons
                                                          std::vector<at::Tensor> outputs,
                                                          std::chrono::milliseconds timeout, Body body) {
   auto work = c10::make_intrusive<GrpcWork>(rank_, type, title, inputs, std::move(outputs));
-  const uint64_t seq = ++seq_;
-  queue_.push([this, work, seq, timeout, title, body = std::move(body)] {
-    try {
-      if (messenger_->failed()) {
-        throw CollectiveError(std::string(title) + " #" + std::to_string(seq) + " on rank " +
-                              std::to_string(rank_) +
-                              " cannot run: the process group failed earlier and is unusable (" +
-                              messenger_->failure() +
-                              "). Destroy it with destroy_process_group() and create a new one.");
-      }
-      body(seq, timeout);
-      work->complete();
-    } catch (const std::exception& e) {
-      const std::string message = message_of(e);
-      const bool first_failure = !messenger_->failed();
-      messenger_->fail(message);
-      work->fail(std::make_exception_ptr(c10::DistBackendError(message)));
-      if (first_failure) messenger_->abort_peers(message);
-    }
-  });
+  // A failure the transport found on its own (a broken link, a peer's abort)
+  // fails the group now, so this call fails at once with that reason.
+  if (state_.phase() == GroupState::Phase::Ready && messenger_->failed()) {
+    for (const auto& cancel : enter_failed(messenger_->failure())) cancel();
+  }
+  const int rank = rank_;
+  OpQueue::Cancel cancel = [work, title, rank](uint64_t seq, const std::string& why) {
+    work->fail(std::make_exception_ptr(c10::DistBackendError(cannot_run(title, seq, rank, why))));
+  };
+  queue_.push(
+      [this, work, title, timeout, body = std::move(body)](uint64_t seq) {
+        return run_job(work, title, seq, timeout, body);
+      },
+      std::move(cancel));
   return work;
 }
 
+OpQueue::Finish ProcessGroupGrpc::run_job(const c10::intrusive_ptr<GrpcWork>& work, const char* title,
+                                          uint64_t seq, std::chrono::milliseconds timeout, const Body& body) {
+  std::string error;
+  std::string group_reason;  // what the group had failed of before this job ran
+  try {
+    if (messenger_->failed()) {
+      group_reason = messenger_->failure();
+      error = cannot_run(title, seq, rank_, failed_text(group_reason));
+    } else {
+      body(seq, timeout);
+    }
+  } catch (const std::exception& e) {
+    error = message_of(e);
+  } catch (...) {
+    error = std::string(title) + " #" + std::to_string(seq) + " on rank " + std::to_string(rank_) +
+            " failed with an exception of unknown type";
+  }
+  if (error.empty()) return [work] { work->complete(); };
+  OpQueue::Cancelled cancelled;
+  try {
+    cancelled = enter_failed(group_reason.empty() ? error : group_reason);
+  } catch (...) {
+  }
+  auto exception = std::make_exception_ptr(c10::DistBackendError(error));
+  // Runs after the job has left its run part: from here on nothing touches
+  // this object, which a callback may destroy.
+  return [work, exception, cancelled = std::move(cancelled)] {
+    work->fail(exception);
+    for (const auto& cancel : cancelled) {
+      try {
+        cancel();
+      } catch (...) {
+      }
+    }
+  };
+}
+
+OpQueue::Cancelled ProcessGroupGrpc::enter_failed(const std::string& reason) {
+  const bool transport_knew = messenger_->failed();
+  if (!state_.fail(reason)) return {};
+  messenger_->fail(reason);
+  // A failure that began here: peers must not wait out their timeout for us.
+  if (!transport_knew) messenger_->abort_peers(reason);
+  return queue_.close(failed_text(reason));
+}
+
+std::string ProcessGroupGrpc::unusable_reason() const {
+  const std::string failure = state_.failure();
+  if (!failure.empty()) {
+    return "the process group failed earlier (" + failure + ") and has been destroyed since";
+  }
+  return "the process group was destroyed on rank " + std::to_string(rank_) +
+         " (destroy_process_group(), shutdown() or abort())";
+}
+
+// Destroyed (group_state.h), in this order: fail queued and running work, let
+// the worker leave the running job, then close the transport.
 void ProcessGroupGrpc::shutdown() {
-  queue_.stop();
-  if (messenger_) messenger_->shut_down();
+  if (state_.destroy() == GroupState::Phase::Destroyed) return;
+  if (!messenger_) return;
+  const std::string reason = unusable_reason();
+  bool running = false;
+  OpQueue::Cancelled cancelled = queue_.close(reason, &running);
+  // A job waiting for a peer wakes now rather than at its timeout.
+  if (running) {
+    try {
+      messenger_->fail(reason);
+    } catch (...) {
+    }
+  }
+  for (const auto& cancel : cancelled) {
+    try {
+      cancel();
+    } catch (...) {
+    }
+  }
+  queue_.wait_run_over(kRunGrace);
+  try {
+    messenger_->shut_down();
+  } catch (...) {
+  }
 }
 
 void ProcessGroupGrpc::abort() {
-  if (messenger_) messenger_->fail("the process group was aborted on rank " + std::to_string(rank_));
+  if (messenger_ && state_.phase() != GroupState::Phase::Destroyed) {
+    OpQueue::Cancelled cancelled;
+    try {
+      cancelled = enter_failed("the process group was aborted on rank " + std::to_string(rank_));
+    } catch (...) {
+    }
+    for (const auto& cancel : cancelled) {
+      try {
+        cancel();
+      } catch (...) {
+      }
+    }
+  }
   shutdown();
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "algorithms/collective.h"
+#include "backend/group_state.h"
 #include "backend/grpc_work.h"
 #include "backend/op_queue.h"
 #include "transport/group_transport.h"
@@ -29,6 +30,11 @@ struct BackendOptions {
 
 // The c10d backend "grpc": turns torch's collective calls into jobs on one
 // worker thread that run the ring algorithms over the gRPC transport.
+//
+// Its lifecycle (Initializing -> Ready -> Failed(reason) -> Destroyed: how a
+// setup fails together on every rank, how a failure reaches peers, what a
+// failed group does with later calls, and how destroy stays bounded) is
+// written down in backend/group_state.h.
 class ProcessGroupGrpc : public c10d::Backend {
  public:
   ProcessGroupGrpc(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, BackendOptions options);
@@ -41,8 +47,9 @@ class ProcessGroupGrpc : public c10d::Backend {
   // The key that names this group instance in every link handshake. It is
   // published in the store, so it is no secret; tools and tests use it.
   std::string group_key() const { return messenger_->group_key(); }
-  void setTimeout(std::chrono::milliseconds timeout) override { options_.timeout = timeout; }
-  uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  // The sequence number of the last collective issued (0 before the first).
+  uint64_t getSequenceNumberForGroup() override { return queue_.last_seq(); }
   void setSequenceNumberForGroup() override {}
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
@@ -79,7 +86,10 @@ class ProcessGroupGrpc : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override;
 
+  // Destroyed: fails queued and running work, then closes the transport;
+  // bounded, and safe to call more than once and from any thread.
   void shutdown() override;
+  // Failed ("aborted on rank r", sent on to peers), then Destroyed.
   void abort() override;
 
  private:
@@ -106,10 +116,28 @@ class ProcessGroupGrpc : public c10d::Backend {
                                                  std::vector<at::Tensor> outputs, const c10d::AllToAllOptions& opts,
                                                  const std::string& where, std::function<void(const at::Tensor&)> unpack);
   void rendezvous(const c10::intrusive_ptr<c10d::Store>& store);
+  // Waits for every peer's address and connects to it; returns why not, or "".
+  // Marks in `absent` the ranks that published no address within the bound.
+  std::string connect_peers(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,
+                            std::vector<bool>& absent);
+
+  // The worker's part of a job that uses this object; returns what completes its Work.
+  OpQueue::Finish run_job(const c10::intrusive_ptr<GrpcWork>& work, const char* title, uint64_t seq,
+                          std::chrono::milliseconds timeout, const Body& body);
+  // Ready -> Failed(reason). Only the first call acts: it fails the transport,
+  // tells peers if the transport did not know yet, and closes the queue. The
+  // queued jobs' cancellations come back, to be run outside the run part.
+  OpQueue::Cancelled enter_failed(const std::string& reason);
+  // Why new work cannot run now, for the messages of refused jobs.
+  std::string unusable_reason() const;
 
   BackendOptions options_;
+  // The group's default op timeout; setTimeout() may change it while jobs run.
+  std::atomic<std::chrono::milliseconds::rep> timeout_ms_{0};
+  GroupState state_;
   std::unique_ptr<GroupTransport> messenger_;
-  std::atomic<uint64_t> seq_{0};
+  // Last: destroyed first, so its worker has left every job that uses the
+  // members above before they go.
   OpQueue queue_;
 };
 
