@@ -1,5 +1,7 @@
 #include "rank_threads.h"
 
+#include <condition_variable>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 
@@ -7,10 +9,21 @@ namespace tgpg_test {
 
 std::vector<std::exception_ptr> run_on_ranks(int world, const std::function<void(int rank)>& body) {
   std::vector<std::exception_ptr> errors(world);
+  // All ranks start together, so that no rank's deadline runs down while its
+  // peers' threads are still being created; tests with short timeouts
+  // depend on it.
+  std::mutex mutex;
+  std::condition_variable all_started;
+  int started = 0;
   std::vector<std::thread> threads;
   threads.reserve(world);
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        if (++started == world) all_started.notify_all();
+        all_started.wait(lock, [&] { return started == world; });
+      }
       try {
         body(rank);
       } catch (...) {
