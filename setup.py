@@ -157,7 +157,7 @@ extension = CppExtension(
     sources=[str(p.relative_to(ROOT)) for p in sorted((CSRC / "backend").glob("*.cc"))],
     include_dirs=[str(CSRC)],
     extra_compile_args=GLUE_FLAGS,
-    extra_link_args=pkg_config("--libs"),
+    extra_link_args=[*pkg_config("--libs"), "-lgrpc++_reflection"],
 )
 
 setup(

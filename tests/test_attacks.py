@@ -70,7 +70,7 @@ def _inject(ctx: RankContext, token: str, attacker_token: str) -> dict[str, obje
     report: dict[str, object] = {}
     if ctx.rank == 1:
         link, last = wc.handshake(
-            addresses[0], backend.group_key, 1, 0, 2, attacker_token
+            addresses[0], backend.group_key, 1, 0, 2, attacker_token, check_server=False
         )
         refusal = (
             last.welcome.error if last.HasField("welcome") else last.challenge.error

@@ -119,10 +119,26 @@ def _make_pki(directory: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("unix_sockets", ["1", "0"])
-def test_mutual_tls_works(tmp_path: Path, unix_sockets: str) -> None:
-    env = _make_pki(tmp_path) | {"TORCH_GRPC_PG_UNIX_SOCKETS": unix_sockets}
+@pytest.mark.parametrize("token", ["", "s3cret"], ids=["tls", "tls+token"])
+def test_mutual_tls_works(tmp_path: Path, unix_sockets: str, token: str) -> None:
+    env = _make_pki(tmp_path) | {
+        "TORCH_GRPC_PG_UNIX_SOCKETS": unix_sockets,
+        "TORCH_GRPC_PG_AUTH_TOKEN": token,
+    }
     results = run_ranks(_allreduce_matches_gloo, 2, env)
     assert [r.value for r in results] == ["ok", "ok"]
+
+
+def test_mismatched_token_under_tls_fails_at_init(tmp_path: Path) -> None:
+    # TLS admits both ranks (same CA); the token's challenge and response still refuse them.
+    tls = _make_pki(tmp_path) | {"TORCH_GRPC_PG_UNIX_SOCKETS": "0"}
+    envs = [
+        tls | {"TORCH_GRPC_PG_AUTH_TOKEN": "right"},
+        tls | {"TORCH_GRPC_PG_AUTH_TOKEN": "wrong"},
+    ]
+    for result in run_ranks(_init_must_fail, 2, envs):
+        assert "authentication failed" in result.value, result.value
+        assert "TORCH_GRPC_PG_AUTH_TOKEN" in result.value, result.value
 
 
 def test_plaintext_rank_cannot_join_tls_group(tmp_path: Path) -> None:

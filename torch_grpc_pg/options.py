@@ -22,6 +22,7 @@ SERVER_FIELDS = (
     "tls_key",
     "tls_ca",
     "tls_server_name",
+    "health_public",
 )
 
 
@@ -74,6 +75,12 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
         "TORCH_GRPC_PG_CONNECT_TIMEOUT",
         lambda v: timedelta(seconds=_env_int(v, 60)),
     ),
+    "flight_recorder_size": (
+        "TORCH_GRPC_PG_FLIGHT_RECORDER_SIZE",
+        lambda v: _env_int(v, 64),
+    ),
+    "flight_recorder_dir": ("TORCH_GRPC_PG_FLIGHT_RECORDER_DIR", _env_str),
+    "health_public": ("TORCH_GRPC_PG_HEALTH_PUBLIC", lambda v: _env_bool(v, False)),
 }
 
 # Inclusive ranges of the numeric fields. chunk_bytes bounds what a rank
@@ -83,6 +90,7 @@ _RANGES: dict[str, tuple[int, int]] = {
     "chunk_bytes": (4 * KIB, 64 * MIB),
     "direct_max_bytes": (0, 64 * MIB),
     "max_queued_frames": (1, 1024),
+    "flight_recorder_size": (0, 1 << 20),
 }
 _MAX_CONNECT_TIMEOUT = timedelta(days=1)
 
@@ -109,6 +117,9 @@ class Options:
     direct_max_bytes: int = None  # type: ignore[assignment]
     max_queued_frames: int = None  # type: ignore[assignment]
     connect_timeout: timedelta = None  # type: ignore[assignment]
+    flight_recorder_size: int = None  # type: ignore[assignment]
+    flight_recorder_dir: str = None  # type: ignore[assignment]
+    health_public: bool = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         self._given = frozenset(

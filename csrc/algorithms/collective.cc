@@ -54,6 +54,7 @@ void Collective::send(int dst, const std::byte* base, uint64_t offset, uint64_t 
   header.src_rank = static_cast<uint32_t>(rank_);
   header.root = root_;
   header.reduction = reduction_code(reduction_);
+  header.schedule = static_cast<uint32_t>(schedule_);
   const ByteView payload = n == 0 ? ByteView{} : ByteView{base + offset * element_size_, n * element_size_};
   try {
     messenger_.send(dst, header, payload, tracker_);
@@ -64,6 +65,11 @@ void Collective::send(int dst, const std::byte* base, uint64_t offset, uint64_t 
 }
 
 ReceivedFrame Collective::recv(int src, uint64_t offset, uint64_t n) {
+  FrameHeader expected;
+  expected.seq = seq_;
+  expected.op = static_cast<uint32_t>(op_);
+  expected.offset = offset;
+  messenger_.expect(src, expected);
   ReceivedFrame frame;
   try {
     frame = messenger_.recv(src, deadline_);
@@ -85,6 +91,15 @@ ReceivedFrame Collective::recv(int src, uint64_t offset, uint64_t n) {
       h.dtype != static_cast<uint32_t>(dtype_) || h.count != count_ || h.root != root_ ||
       h.reduction != reduction_code(reduction_)) {
     fail_mismatch(src, h);
+  }
+  if (h.schedule != static_cast<uint32_t>(schedule_)) {
+    const auto name = [](uint32_t s) { return s == 1 ? "direct (one round to every peer)" : "ring"; };
+    std::ostringstream out;
+    out << describe() << " on rank " << rank_ << " runs the " << name(static_cast<uint32_t>(schedule_))
+        << " schedule, rank " << src << " the " << name(h.schedule)
+        << " one. The ranks disagree on direct_max_bytes: set TORCH_GRPC_PG_DIRECT_MAX_BYTES to the same "
+           "value on every rank.";
+    throw CollectiveError(out.str());
   }
   if (h.offset != offset || frame.payload_bytes() != n * element_size_) {
     std::ostringstream out;

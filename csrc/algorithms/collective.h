@@ -30,6 +30,12 @@ class Collective {
   DType dtype() const { return dtype_; }
   uint64_t count() const { return count_; }
   uint32_t root() const { return root_; }
+  // Which way the data goes. Ranks that pick different ones (they disagree on
+  // direct_max_bytes) could exchange chunks that line up by offset and size,
+  // so the schedule travels in the header and is checked like the op.
+  enum class Schedule : uint32_t { Ring = 0, Direct = 1 };
+  void use_schedule(Schedule schedule) { schedule_ = schedule; }
+
   // How received data combines; SUM for collectives that do not reduce.
   ReduceOp reduce_op() const { return reduction_ ? reduction_->op : ReduceOp::Sum; }
   size_t element_bytes() const { return element_size_; }
@@ -64,6 +70,7 @@ class Collective {
   std::shared_ptr<SendTracker> tracker_;
   uint32_t root_;
   std::optional<Reduction> reduction_;
+  Schedule schedule_ = Schedule::Ring;
 };
 
 }  // namespace tgpg

@@ -48,6 +48,12 @@ void copy_frame_into(const Collective& c, std::byte* buf, uint64_t offset, const
   frame.copy_payload_to(buf + offset * c.element_bytes());
 }
 
+// memcpy with a null pointer is undefined even for zero bytes, and torch gives
+// zero-element tensors a null data pointer.
+void copy_bytes(std::byte* dst, const std::byte* src, size_t bytes) {
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+}
+
 int ring_index(int value, int world) { return ((value % world) + world) % world; }
 
 // Every rank sends its whole buffer to every peer and reduces the world's
@@ -62,7 +68,7 @@ void direct_allreduce(Collective& c, std::byte* buf) {
   std::vector<std::byte> result(bytes);
   for (int src = 0; src < c.world(); ++src) {
     if (src == c.rank()) {
-      if (src == 0) std::memcpy(result.data(), buf, bytes);
+      if (src == 0) copy_bytes(result.data(), buf, bytes);
       else reduce_into(result.data(), buf, n, c.dtype(), c.reduce_op());
       continue;
     }
@@ -74,7 +80,7 @@ void direct_allreduce(Collective& c, std::byte* buf) {
   }
   // `buf` is still being read by the transport until our sends are released.
   c.wait_sends_released();
-  std::memcpy(buf, result.data(), bytes);
+  copy_bytes(buf, result.data(), bytes);
 }
 
 // Reduce-scatter around the ring over `world` segments of `total` elements.
@@ -118,6 +124,7 @@ void ring_allreduce(Collective& c, std::byte* buf) {
 void allreduce(Collective& c, std::byte* buf, size_t direct_max_bytes) {
   if (c.world() == 1) return;
   if (c.count() * c.element_bytes() <= direct_max_bytes || c.count() < static_cast<uint64_t>(c.world())) {
+    c.use_schedule(Collective::Schedule::Direct);
     direct_allreduce(c, buf);
   } else {
     ring_allreduce(c, buf);
@@ -139,6 +146,7 @@ void broadcast(Collective& c, std::byte* buf, size_t direct_max_bytes) {
   const uint64_t ack_offset = c.count();
   const Range all{0, c.count()};
   if (c.count() * c.element_bytes() <= direct_max_bytes) {
+    c.use_schedule(Collective::Schedule::Direct);
     if (is_root) {
       for (int peer = 0; peer < w; ++peer) {
         if (peer != root) for_each_chunk(c, all, [&](uint64_t off, uint64_t len) { c.send(peer, buf, off, len); });
@@ -203,7 +211,7 @@ void gather(Collective& c, const std::byte* in, std::byte* out) {
     for_each_chunk(c, block, [&](uint64_t off, uint64_t len) { c.send(root, in, off, len); });
     return;
   }
-  std::memcpy(out + static_cast<uint64_t>(root) * n * c.element_bytes(), in, n * c.element_bytes());
+  copy_bytes(out + static_cast<uint64_t>(root) * n * c.element_bytes(), in, n * c.element_bytes());
   for (int src = 0; src < c.world(); ++src) {
     if (src == root) continue;
     for_each_chunk(c, block, [&](uint64_t off, uint64_t len) {
@@ -225,7 +233,7 @@ void scatter(Collective& c, const std::byte* in, std::byte* out) {
     const std::byte* block_in = in + static_cast<uint64_t>(dst) * n * c.element_bytes();
     for_each_chunk(c, block, [&](uint64_t off, uint64_t len) { c.send(dst, block_in, off, len); });
   }
-  std::memcpy(out, in + static_cast<uint64_t>(root) * n * c.element_bytes(), n * c.element_bytes());
+  copy_bytes(out, in + static_cast<uint64_t>(root) * n * c.element_bytes(), n * c.element_bytes());
 }
 
 void alltoall(Collective& c, const std::byte* in, std::byte* out) {
@@ -239,7 +247,7 @@ void alltoall(Collective& c, const std::byte* in, std::byte* out) {
     const std::byte* block_in = in + static_cast<uint64_t>(dst) * block_bytes;
     for_each_chunk(c, block, [&](uint64_t off, uint64_t len) { c.send(dst, block_in, off, len); });
   }
-  std::memcpy(out + static_cast<uint64_t>(r) * block_bytes, in + static_cast<uint64_t>(r) * block_bytes, block_bytes);
+  copy_bytes(out + static_cast<uint64_t>(r) * block_bytes, in + static_cast<uint64_t>(r) * block_bytes, block_bytes);
   for (int step = 1; step < c.world(); ++step) {
     const int src = ring_index(r - step, c.world());
     for_each_chunk(c, block, [&](uint64_t off, uint64_t len) {

@@ -22,6 +22,7 @@ struct FrameHeader {
   uint32_t src_rank = 0;
   uint32_t root = 0;
   uint32_t reduction = 0;  // reduction_code() of the collective's reduction
+  uint32_t schedule = 0;   // Collective::Schedule the sender runs
   std::string error;
 };
 

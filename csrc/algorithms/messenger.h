@@ -28,6 +28,10 @@ class Messenger {
 
   // Tells every peer that this rank failed, so that they stop waiting for it.
   virtual void abort_peers(const std::string& reason) = 0;
+
+  // What the next recv from `src` is for, so that a transport can show an
+  // observer what a stuck rank waits for. Optional.
+  virtual void expect(int src, const FrameHeader& expected) {}
 };
 
 }  // namespace tgpg

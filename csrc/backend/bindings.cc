@@ -26,6 +26,7 @@ PYBIND11_MODULE(_C, m) {
         d["tls_key"] = config->tls_key_file;
         d["tls_ca"] = config->tls_ca_file;
         d["tls_server_name"] = config->tls_server_name;
+        d["health_public"] = config->health_public;
         return d;
       },
       "The security and listening settings of this process's running server, or None: later "
@@ -39,7 +40,8 @@ PYBIND11_MODULE(_C, m) {
                        bool unix_sockets, const std::string& auth_token, const std::string& tls_cert,
                        const std::string& tls_key, const std::string& tls_ca,
                        const std::string& tls_server_name, size_t chunk_bytes, size_t direct_max_bytes,
-                       size_t max_queued_frames, std::chrono::milliseconds connect_timeout) {
+                       size_t max_queued_frames, std::chrono::milliseconds connect_timeout,
+                       size_t flight_recorder_size, const std::string& flight_recorder_dir, bool health_public) {
              tgpg::BackendOptions options;
              options.timeout = timeout;
              options.group_name = group_name;
@@ -56,6 +58,12 @@ PYBIND11_MODULE(_C, m) {
              options.transport.tls_server_name = tls_server_name;
              options.transport.max_queued_frames = max_queued_frames;
              options.transport.max_payload_bytes = chunk_bytes;
+             // Keep in step with torch_grpc_pg/wire.py's group_settings().
+             options.transport.group_settings = "chunk_bytes=" + std::to_string(chunk_bytes) +
+                                                " direct_max_bytes=" + std::to_string(direct_max_bytes);
+             options.transport.flight_recorder_size = flight_recorder_size;
+             options.transport.flight_recorder_dir = flight_recorder_dir;
+             options.transport.health_public = health_public;
              options.transport.connect_timeout = connect_timeout;
              return c10::make_intrusive<tgpg::ProcessGroupGrpc>(store, rank, size, std::move(options));
            }),
@@ -63,7 +71,8 @@ PYBIND11_MODULE(_C, m) {
            py::arg("bind_host"), py::arg("port"), py::arg("advertise_host"), py::arg("unix_sockets"),
            py::arg("auth_token"), py::arg("tls_cert"), py::arg("tls_key"), py::arg("tls_ca"),
            py::arg("tls_server_name"), py::arg("chunk_bytes"), py::arg("direct_max_bytes"),
-           py::arg("max_queued_frames"), py::arg("connect_timeout"),
+           py::arg("max_queued_frames"), py::arg("connect_timeout"), py::arg("flight_recorder_size"),
+           py::arg("flight_recorder_dir"), py::arg("health_public"),
            // Rendezvous waits on the store and on peers; other Python threads run meanwhile.
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("tcp_address", &tgpg::ProcessGroupGrpc::tcp_address,

@@ -1,5 +1,7 @@
 #include "backend/process_group_grpc.h"
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
 #include <c10/util/Exception.h>
 
 #include <random>
@@ -163,13 +165,29 @@ void ProcessGroupGrpc::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) 
         outcome.rfind(kFailedPrefix, 0) == 0 ? outcome.substr(std::string(kFailedPrefix).size()) : outcome;
     failures.push_back("rank " + std::to_string(r) + ": " + reason);
   }
-  if (failures.empty()) return;
+  if (failures.empty()) {
+    publish_server(store);
+    return;
+  }
   std::ostringstream message;
   message << "grpc backend on rank " << rank_ << ": creating process group '" << options_.group_name
           << "' of " << size_ << " ranks failed; every rank of the group raises this error. "
           << (failures.size() == 1 ? "The failure:" : "The failures:");
   for (const auto& line : failures) message << "\n  " << line;
   C10_THROW_ERROR(DistBackendError, message.str());
+}
+
+// Monitoring tools (python -m torch_grpc_pg.status --store) find every rank's
+// server here, at the root of the job's store, whatever prefix this group has.
+void ProcessGroupGrpc::publish_server(const c10::intrusive_ptr<c10d::Store>& store) const {
+  c10::intrusive_ptr<c10d::Store> root = store;
+  if (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(root.get())) root = prefixed->getUnderlyingNonPrefixStore();
+  try {
+    const int64_t index = root->add("torch_grpc_pg/servers/count", 1);
+    store_set(root, "torch_grpc_pg/servers/" + std::to_string(index), tcp_address());
+  } catch (const std::exception&) {
+    // Observers lose a convenience; the group itself is fine.
+  }
 }
 
 std::string ProcessGroupGrpc::connect_peers(const c10::intrusive_ptr<c10d::Store>& store,
@@ -260,16 +278,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::enqueue(c10d::OpType type, cons
   OpQueue::Cancel cancel = [work, title, rank](uint64_t seq, const std::string& why) {
     work->fail(std::make_exception_ptr(c10::DistBackendError(cannot_run(title, seq, rank, why))));
   };
-  queue_.push(
-      [this, work, title, timeout, body = std::move(body)](uint64_t seq) {
-        return run_job(work, title, seq, timeout, body);
+  // What the flight recorder shows of this op (group_monitor.h).
+  OpSummary summary{inputs.empty() ? "" : std::string(c10::toString(inputs[0].scalar_type())),
+                    inputs.empty() ? 0 : static_cast<uint64_t>(inputs[0].numel())};
+  const uint64_t seq = queue_.push(
+      [this, work, title, timeout, summary, body = std::move(body)](uint64_t seq) {
+        return run_job(work, title, seq, timeout, summary, body);
       },
       std::move(cancel));
+  if (messenger_) messenger_->monitor().op_issued(seq);
   return work;
 }
 
 OpQueue::Finish ProcessGroupGrpc::run_job(const c10::intrusive_ptr<GrpcWork>& work, const char* title,
-                                          uint64_t seq, std::chrono::milliseconds timeout, const Body& body) {
+                                          uint64_t seq, std::chrono::milliseconds timeout, const OpSummary& summary,
+                                          const Body& body) {
+  GroupMonitor& monitor = messenger_->monitor();
+  monitor.op_started(seq, std::string(title).substr(std::string(title).rfind(':') + 1), summary.dtype, summary.count);
   std::string error;
   std::string group_reason;  // what the group had failed of before this job ran
   try {
@@ -285,6 +310,7 @@ OpQueue::Finish ProcessGroupGrpc::run_job(const c10::intrusive_ptr<GrpcWork>& wo
     error = std::string(title) + " #" + std::to_string(seq) + " on rank " + std::to_string(rank_) +
             " failed with an exception of unknown type";
   }
+  monitor.op_finished(seq, error.empty() ? "ok" : error);
   if (error.empty()) return [work] { work->complete(); };
   OpQueue::Cancelled cancelled;
   try {

@@ -116,14 +116,19 @@ class ProcessGroupGrpc : public c10d::Backend {
                                                  std::vector<at::Tensor> outputs, const c10d::AllToAllOptions& opts,
                                                  const std::string& where, std::function<void(const at::Tensor&)> unpack);
   void rendezvous(const c10::intrusive_ptr<c10d::Store>& store);
+  void publish_server(const c10::intrusive_ptr<c10d::Store>& store) const;
   // Waits for every peer's address and connects to it; returns why not, or "".
   // Marks in `absent` the ranks that published no address within the bound.
   std::string connect_peers(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,
                             std::vector<bool>& absent);
 
   // The worker's part of a job that uses this object; returns what completes its Work.
+  struct OpSummary {
+    std::string dtype;  // of the first input
+    uint64_t count;     // its elements
+  };
   OpQueue::Finish run_job(const c10::intrusive_ptr<GrpcWork>& work, const char* title, uint64_t seq,
-                          std::chrono::milliseconds timeout, const Body& body);
+                          std::chrono::milliseconds timeout, const OpSummary& summary, const Body& body);
   // Ready -> Failed(reason). Only the first call acts: it fails the transport,
   // tells peers if the transport did not know yet, and closes the queue. The
   // queued jobs' cancellations come back, to be run outside the run part.

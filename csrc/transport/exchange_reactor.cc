@@ -5,6 +5,7 @@
 #include "transport/handshake.h"
 #include "transport/log.h"
 #include "transport/protocol.h"
+#include "transport/status_reply.h"
 #include "transport/wire_format.h"
 
 namespace tgpg {
@@ -23,7 +24,8 @@ ExchangeReactor::ExchangeReactor(grpc::CallbackServerContext* ctx, RankServer& s
 }
 
 std::string ExchangeReactor::source() const {
-  return (src_ >= 0 ? "rank " + std::to_string(src_) : std::string("a caller")) + " (" + ctx_->peer() + ")";
+  const std::string who = observer_ ? "an observer" : src_ >= 0 ? "rank " + std::to_string(src_) : "a caller";
+  return who + " (" + ctx_->peer() + ")";
 }
 
 void ExchangeReactor::read_next() { StartRead(&read_buffer_); }
@@ -101,15 +103,21 @@ void ExchangeReactor::on_hello() {
   read_buffer_.Clear();
   const auto& hello = hello_message.hello();
   std::string error;
+  observer_ = hello.src_rank() == kObserverRank;
   if (hello.protocol_version() != kProtocolVersion) {
     error = "protocol version " + std::to_string(hello.protocol_version()) + " does not match this rank's version " +
             std::to_string(kProtocolVersion) + "; install the same torch-grpc-pg release on every rank";
   } else if (hello.nonce().size() != kNonceBytes) {
     error = "the Hello's nonce has " + std::to_string(hello.nonce().size()) + " bytes, not " +
             std::to_string(kNonceBytes);
+  } else if (observer_) {
+    if (!hello.group_key().empty() || hello.dst_rank() != 0 || hello.world_size() != 0) {
+      error = "an observer's Hello names no group and no ranks";
+    }
   } else {
     group_ = server_.find_group(hello.group_key(), static_cast<int>(hello.src_rank()),
-                                static_cast<int>(hello.dst_rank()), static_cast<int>(hello.world_size()), &error);
+                                static_cast<int>(hello.dst_rank()), static_cast<int>(hello.world_size()),
+                                hello.settings(), &error);
   }
   torch_grpc_pg::Frame reply;
   auto* challenge = reply.mutable_challenge();
@@ -141,6 +149,15 @@ void ExchangeReactor::on_proof() {
   if (!check_proof(server_.config().auth_token, ProofRole::Caller, transcript_, proof_message.proof().proof())) {
     error = "authentication failed: " + source() +
             " does not hold this rank's TORCH_GRPC_PG_AUTH_TOKEN; set the same token on every rank";
+  } else if (observer_) {
+    // An observer reads this process's state once and leaves; it joins no group.
+    torch_grpc_pg::Frame welcome;
+    welcome.mutable_welcome();
+    write(encode_handshake(welcome));
+    grpc::Slice status(status_frame(server_.snapshot()).SerializeAsString());
+    write(grpc::ByteBuffer(&status, 1));
+    finish(grpc::Status::OK);
+    return;
   } else if (!server_.attach(*group_, src_, ctx_->peer(), &error)) {
     log_warning("refused a second stream claiming to be rank " + std::to_string(src_) + " of group '" +
                 transcript_.group_key + "' from " + ctx_->peer() + ": " + error);

@@ -76,6 +76,7 @@ class ExchangeReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::B
   Transcript transcript_;
   int src_ = -1;
   bool attached_ = false;
+  bool observer_ = false;  // a monitoring tool: it reads the status and leaves
 };
 
 }  // namespace tgpg

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "algorithms/messenger.h"
+#include "transport/group_monitor.h"
 #include "transport/transport_config.h"
 
 namespace tgpg {
@@ -17,6 +18,8 @@ namespace tgpg {
 class GroupTransport : public Messenger {
  public:
   virtual const std::string& group_key() const = 0;
+  // Counters, the wait in progress and the flight recorder, for observers.
+  virtual GroupMonitor& monitor() = 0;
   // What to publish in the store so that peers can reach this rank.
   virtual std::string local_endpoint() const = 0;
   // Every rank's published endpoint, in rank order; once, before the first send.

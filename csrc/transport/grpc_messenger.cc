@@ -1,6 +1,10 @@
 #include "transport/grpc_messenger.h"
 
+#include <cctype>
+#include <fstream>
 #include <stdexcept>
+
+#include "algorithms/op_type.h"
 
 #include "algorithms/collective_error.h"
 #include "transport/log.h"
@@ -23,6 +27,7 @@ GrpcMessenger::GrpcMessenger(const TransportConfig& config, std::string group_ke
       server_(RankServer::acquire(config)),
       mailbox_(std::make_shared<Mailbox>(rank, world, config.max_queued_frames,
                                          config.max_queued_frames * config.max_payload_bytes)),
+      monitor_(std::make_shared<GroupMonitor>(group_key_, rank, world, config.flight_recorder_size)),
       links_(world) {
   const std::string host = config.advertise_host.empty() ? default_advertise_host() : config.advertise_host;
   const bool ipv6 = host.find(':') != std::string::npos;
@@ -32,8 +37,14 @@ GrpcMessenger::GrpcMessenger(const TransportConfig& config, std::string group_ke
   // Whatever this rank detects (a broken link, a bad frame, an abort) its
   // peers hear at once, instead of each waiting out its own timeout. The
   // mailbox runs this once, on its first failure.
-  mailbox_->on_first_failure([this](const std::string& reason) { abort_peers(reason); });
-  server_->register_group(group_key_, rank_, world_, config.max_payload_bytes, mailbox_);
+  mailbox_->on_first_failure([this](const std::string& reason) {
+    monitor_->set_failure(reason);
+    server_->refresh_health();
+    write_flight_record();
+    abort_peers(reason);
+  });
+  server_->register_group(group_key_, rank_, world_, config.max_payload_bytes, config.group_settings, mailbox_,
+                          monitor_);
 }
 
 GrpcMessenger::~GrpcMessenger() { shut_down(); }
@@ -68,8 +79,19 @@ PeerLink& GrpcMessenger::link(int peer) {
   // its constructor) opens links, so no two threads race to open one.
   const std::string target = dial_target(self_, peers_.at(peer), config_.unix_sockets);
   auto mailbox = mailbox_;
-  auto opened = std::make_unique<PeerLink>(target, LinkIdentity{group_key_, rank_, peer, world_}, config_,
-                                           [mailbox](const std::string& reason) { mailbox->fail(reason); });
+  auto monitor = monitor_;
+  std::unique_ptr<PeerLink> opened;
+  try {
+    opened = std::make_unique<PeerLink>(target, LinkIdentity{group_key_, rank_, peer, world_}, config_,
+                                        [mailbox, monitor, peer](const std::string& reason) {
+                                          monitor->set_link(peer, "broken: " + reason);
+                                          mailbox->fail(reason);
+                                        });
+  } catch (const std::exception& e) {
+    monitor_->set_link(peer, std::string("failed to connect: ") + e.what());
+    throw;
+  }
+  monitor_->set_link(peer, "open");
   std::lock_guard<std::mutex> lock(links_mutex_);
   if (shut_down_) throw CollectiveError("the process group was destroyed");
   auto& slot = links_.at(peer);
@@ -95,6 +117,7 @@ void GrpcMessenger::send(int dst, const FrameHeader& header, ByteView payload,
   } catch (const std::runtime_error& e) {
     throw CollectiveError(e.what());
   }
+  monitor_->sent(payload.size);
   std::function<void()> release;
   if (payload.size > 0) {
     tracker->acquire();
@@ -106,9 +129,36 @@ void GrpcMessenger::send(int dst, const FrameHeader& header, ByteView payload,
   }
 }
 
-ReceivedFrame GrpcMessenger::recv(int src, Deadline deadline) { return mailbox_->take(src, deadline); }
+void GrpcMessenger::expect(int src, const FrameHeader& expected) {
+  monitor_->begin_wait(src, op_name(expected.op), expected.seq, expected.offset);
+}
 
-void GrpcMessenger::fail(const std::string& reason) { mailbox_->fail(reason); }
+ReceivedFrame GrpcMessenger::recv(int src, Deadline deadline) {
+  ReceivedFrame frame = mailbox_->take(src, deadline);
+  monitor_->end_wait();
+  monitor_->received(frame.payload_bytes());
+  return frame;
+}
+
+void GrpcMessenger::write_flight_record() const {
+  if (config_.flight_recorder_dir.empty()) return;
+  std::string name = group_key_;
+  for (char& c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  const std::string path = config_.flight_recorder_dir + "/torch_grpc_pg-rank" + std::to_string(rank_) + "-" + name +
+                           ".json";
+  std::ofstream out(path);
+  out << monitor_->to_json();
+  if (!out) log_warning("could not write the flight record of the failed group to " + path);
+}
+
+void GrpcMessenger::fail(const std::string& reason) {
+  mailbox_->fail(reason);
+  // The group's own failure path comes here after it has recorded the failed
+  // op's outcome, which a record written when a peer's abort arrived lacks.
+  write_flight_record();
+}
 
 void GrpcMessenger::abort_peers(const std::string& reason) {
   FrameHeader header;

@@ -24,6 +24,8 @@ class GrpcMessenger : public GroupTransport {
   ~GrpcMessenger() override;
 
   const std::string& group_key() const override { return group_key_; }
+  GroupMonitor& monitor() override { return *monitor_; }
+  void expect(int src, const FrameHeader& expected) override;
   std::string local_endpoint() const override { return self_.serialize(); }
   void set_peer_endpoints(const std::vector<std::string>& endpoints) override;
   void connect(int peer) override;
@@ -41,6 +43,7 @@ class GrpcMessenger : public GroupTransport {
  private:
   PeerLink& link(int peer);
   PeerLink* find_link(int peer);
+  void write_flight_record() const;
 
   // How long closing the links may take in all, before streams are cut.
   static constexpr std::chrono::milliseconds kCloseTimeout{1000};
@@ -51,6 +54,7 @@ class GrpcMessenger : public GroupTransport {
   int world_;
   std::shared_ptr<RankServer> server_;
   std::shared_ptr<Mailbox> mailbox_;
+  std::shared_ptr<GroupMonitor> monitor_;
   Endpoint self_;
   std::vector<Endpoint> peers_;
   std::mutex links_mutex_;

@@ -34,8 +34,8 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
     std::string error;
   };
 
-  Stream(const std::shared_ptr<grpc::Channel>& channel, const LinkIdentity& identity, const std::string& token, std::string description,
-         std::function<void(const std::string&)> on_failure)
+  Stream(const std::shared_ptr<grpc::Channel>& channel, const LinkIdentity& identity, const std::string& token,
+         const std::string& settings, std::string description, std::function<void(const std::string&)> on_failure)
       : identity_(identity), token_(token), description_(std::move(description)), on_failure_(std::move(on_failure)) {
     transcript_ = Transcript{identity.group_key, static_cast<uint32_t>(identity.src_rank),
                              static_cast<uint32_t>(identity.dst_rank), static_cast<uint32_t>(identity.world_size),
@@ -50,6 +50,7 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
     h->set_dst_rank(transcript_.dst_rank);
     h->set_world_size(transcript_.world_size);
     h->set_nonce(transcript_.caller_nonce);
+    h->set_settings(settings);
     write(encode_handshake(hello));
     StartRead(&read_buffer_);
     StartCall();
@@ -253,7 +254,8 @@ PeerLink::PeerLink(const std::string& target, const LinkIdentity& identity, cons
   const auto deadline = Clock::now() + config.connect_timeout;
   auto backoff = std::chrono::milliseconds(50);
   for (;;) {
-    auto stream = std::make_unique<Stream>(channel_, identity, config.auth_token, description_, on_failure);
+    auto stream = std::make_unique<Stream>(channel_, identity, config.auth_token, config.group_settings, description_,
+                                           on_failure);
     const Stream::Outcome outcome = stream->wait_handshake(deadline);
     if (outcome.ok) {
       stream_ = std::move(stream);

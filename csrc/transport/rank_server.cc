@@ -2,6 +2,8 @@
 
 #include <grpc/grpc.h>
 #include <grpcpp/resource_quota.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server_builder.h>
 #include <sys/stat.h>
 
@@ -40,6 +42,7 @@ std::string conflicting_setting(const TransportConfig& running, const TransportC
   if (wanted.bind_host != running.bind_host) return "bind_host (TORCH_GRPC_PG_BIND_HOST)";
   if (wanted.port != 0 && wanted.port != running.port) return "port (TORCH_GRPC_PG_PORT)";
   if (wanted.unix_sockets != running.unix_sockets) return "unix_sockets (TORCH_GRPC_PG_UNIX_SOCKETS)";
+  if (wanted.health_public != running.health_public) return "health_public (TORCH_GRPC_PG_HEALTH_PUBLIC)";
   if (wanted.max_payload_bytes > running.max_payload_bytes) return "chunk_bytes (TORCH_GRPC_PG_CHUNK_BYTES), larger than";
   return "";
 }
@@ -87,6 +90,16 @@ RankServer::RankServer(const TransportConfig& config) : config_(config), service
   apply_server_options(builder, config.max_payload_bytes + kMaxHeaderBytes);
   resize_quota();
   builder.SetResourceQuota(quota_);
+  // gRPC's Health service cannot run this backend's token handshake, so it is
+  // served only where nothing else guards the port either (no token), where
+  // TLS with client certificates guards it, or where the operator opens it
+  // for probes. Reflection is served always: linking gRPC's reflection
+  // library registers it for every server, and it reveals only the service
+  // definitions, which protos/ publishes anyway.
+  const bool mutual_tls = !config.tls_ca_file.empty() && !config.tls_cert_file.empty();
+  const bool open = config.auth_token.empty() && config.tls_ca_file.empty();
+  grpc::EnableDefaultHealthCheckService(open || mutual_tls || config.health_public);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   const auto credentials = server_credentials(config);
   std::string host = config.bind_host.empty() ? "0.0.0.0" : config.bind_host;
   if (host.find(':') != std::string::npos && host.front() != '[') host = "[" + host + "]";
@@ -112,6 +125,7 @@ RankServer::RankServer(const TransportConfig& config) : config_(config), service
     ::chmod(unix_path_.c_str(), 0600);
     socket_dir_holder_ = std::move(socket_dir);
   }
+  refresh_health();
 }
 
 RankServer::~RankServer() {
@@ -120,18 +134,48 @@ RankServer::~RankServer() {
 }
 
 void RankServer::register_group(const std::string& key, int rank, int world, size_t max_payload_bytes,
-                                std::shared_ptr<Mailbox> mailbox) {
-  auto group = std::make_shared<ServedGroup>(
-      ServedGroup{rank, world, max_payload_bytes, std::move(mailbox), std::vector<std::string>(world)});
-  std::lock_guard<std::mutex> lock(mutex_);
-  groups_[key] = std::move(group);
-  resize_quota();
+                                std::string settings, std::shared_ptr<Mailbox> mailbox,
+                                std::shared_ptr<GroupMonitor> monitor) {
+  auto group = std::make_shared<ServedGroup>(ServedGroup{rank, world, max_payload_bytes, std::move(settings),
+                                                         std::move(mailbox), std::move(monitor),
+                                                         std::vector<std::string>(world)});
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    groups_[key] = std::move(group);
+    resize_quota();
+  }
+  refresh_health();
 }
 
 void RankServer::unregister_group(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  groups_.erase(key);
-  resize_quota();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    groups_.erase(key);
+    resize_quota();
+  }
+  refresh_health();
+}
+
+std::vector<GroupSnapshot> RankServer::snapshot() const {
+  std::vector<std::shared_ptr<ServedGroup>> groups;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [key, group] : groups_) groups.push_back(group);
+  }
+  std::vector<GroupSnapshot> out;
+  for (const auto& group : groups) out.push_back(group->monitor->snapshot());
+  return out;
+}
+
+void RankServer::refresh_health() {
+  auto* health = server_ ? server_->GetHealthCheckService() : nullptr;
+  if (health == nullptr) return;
+  bool serving = true;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [key, group] : groups_) serving = serving && !group->mailbox->failed();
+  }
+  health->SetServingStatus(serving);
 }
 
 void RankServer::resize_quota() {
@@ -150,7 +194,7 @@ void RankServer::resize_quota() {
 }
 
 std::shared_ptr<ServedGroup> RankServer::find_group(const std::string& key, int src, int dst, int world,
-                                                    std::string* error) const {
+                                                    const std::string& settings, std::string* error) const {
   std::shared_ptr<ServedGroup> group;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -169,6 +213,13 @@ std::shared_ptr<ServedGroup> RankServer::find_group(const std::string& key, int 
   }
   if (src < 0 || src >= group->world || src == group->rank) {
     *error = "rank " + std::to_string(src) + " is not a peer in a group of " + std::to_string(group->world);
+    return nullptr;
+  }
+  if (settings != group->settings) {
+    *error = "rank " + std::to_string(src) + " runs this group with " + settings + ", rank " +
+             std::to_string(group->rank) + " with " + group->settings +
+             ". Set TORCH_GRPC_PG_CHUNK_BYTES and TORCH_GRPC_PG_DIRECT_MAX_BYTES (or the Options fields) to the "
+             "same values on every rank.";
     return nullptr;
   }
   return group;

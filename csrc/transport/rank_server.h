@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "transport/group_monitor.h"
 #include "transport/mailbox.h"
 #include "transport/socket_dir.h"
 #include "transport/transport_config.h"
@@ -31,7 +32,9 @@ struct ServedGroup {
   int rank;
   int world;
   size_t max_payload_bytes;
+  std::string settings;
   std::shared_ptr<Mailbox> mailbox;
+  std::shared_ptr<GroupMonitor> monitor;
   std::vector<std::string> attached;  // per source rank: the peer address of its live stream, or ""
 };
 
@@ -57,13 +60,18 @@ class RankServer {
   const std::string& unix_path() const { return unix_path_; }
   const TransportConfig& config() const { return config_; }
 
-  void register_group(const std::string& key, int rank, int world, size_t max_payload_bytes,
-                      std::shared_ptr<Mailbox> mailbox);
+  void register_group(const std::string& key, int rank, int world, size_t max_payload_bytes, std::string settings,
+                      std::shared_ptr<Mailbox> mailbox, std::shared_ptr<GroupMonitor> monitor);
   void unregister_group(const std::string& key);
+
+  // Every group's state, for an authenticated observer.
+  std::vector<GroupSnapshot> snapshot() const;
+  // The gRPC health status: SERVING while no group of this process has failed.
+  void refresh_health();
 
   // The group a Hello names, if it exists here and the claims fit it; else sets `error`.
   std::shared_ptr<ServedGroup> find_group(const std::string& key, int src, int dst, int world,
-                                          std::string* error) const;
+                                          const std::string& settings, std::string* error) const;
   // Binds an authenticated stream to (group, src). Only one may be live: a
   // second is refused, with `error` saying from where the first came.
   bool attach(ServedGroup& group, int src, const std::string& peer, std::string* error);

@@ -20,7 +20,11 @@ struct TransportConfig {
   std::string tls_server_name;        // name expected in peers' certificates; empty: the dialled host
   size_t max_queued_frames = 8;       // received frames held per peer before reading pauses
   size_t max_payload_bytes = 2 << 20; // the largest payload of one frame: the group's chunk_bytes
+  std::string group_settings;         // what all ranks of the group must share; checked in every handshake
   std::chrono::milliseconds connect_timeout{60000};
+  size_t flight_recorder_size = 64;   // ops each group remembers for observers
+  std::string flight_recorder_dir;    // where a failed group writes its record; empty: nowhere
+  bool health_public = false;         // serve grpc.health.v1 to callers that have not authenticated
 };
 
 }  // namespace tgpg

@@ -35,6 +35,7 @@ torch_grpc_pg::FrameHeader to_proto(const FrameHeader& h) {
   p.set_src_rank(h.src_rank);
   p.set_root(h.root);
   p.set_reduction(h.reduction);
+  p.set_schedule(h.schedule);
   p.set_error(h.error);
   return p;
 }
@@ -58,6 +59,7 @@ FrameHeader from_proto(const torch_grpc_pg::FrameHeader& p) {
   h.src_rank = p.src_rank();
   h.root = p.root();
   h.reduction = p.reduction();
+  h.schedule = p.schedule();
   h.error = p.error();
   return h;
 }
