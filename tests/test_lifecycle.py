@@ -7,7 +7,7 @@
   afterwards fails at once instead of hanging.
 - A failed group stays failed: later calls fail at once with the original reason.
 - No path from user code to std::terminate: future callbacks that raise, a
-  callback that destroys its own group, two threads issuing on one group.
+  callback that destroys its own group, threads issuing on one group at once.
 
 Ranks report what they saw; the parent asserts on it. Ranks wait for each
 other through the store, never by sleeping.
@@ -367,22 +367,25 @@ def _callback_destroys_its_group(ctx: RankContext) -> None:
     assert check.tolist() == [3.0] * 4, check
 
 
-THREAD_OPS = 150
+# Threads issuing on one group at once, and ops each. More than two threads
+# contend for the queue more often, which makes an out-of-order push likelier.
+ISSUERS = 4
+THREAD_OPS = 200
 
 
-def _two_threads_one_group(ctx: RankContext) -> None:
+def _threads_one_group(ctx: RankContext) -> None:
     # Every op has the same shape and each rank's value depends on the rank
     # only, so any pairing across ranks is right, as long as sequence numbers
     # follow queue order (else peers see "#N+1" against "#N").
     before = _backend()._get_sequence_number_for_group()
-    start = threading.Barrier(2)
+    start = threading.Barrier(ISSUERS)
     results: dict[int, list[torch.Tensor]] = {}
     errors: list[BaseException] = []
 
     def issue(thread: int) -> None:
         try:
             tensors = [torch.full((8,), float(ctx.rank + 1)) for _ in range(THREAD_OPS)]
-            start.wait()
+            start.wait(timeout=60)
             works = [dist.all_reduce(t, async_op=True) for t in tensors]
             for work in works:
                 work.wait()
@@ -390,7 +393,7 @@ def _two_threads_one_group(ctx: RankContext) -> None:
         except BaseException as exc:  # reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=issue, args=(i,)) for i in range(2)]
+    threads = [threading.Thread(target=issue, args=(i,)) for i in range(ISSUERS)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -400,7 +403,7 @@ def _two_threads_one_group(ctx: RankContext) -> None:
         for t in tensors:
             assert t.tolist() == [3.0] * 8, t
     after = _backend()._get_sequence_number_for_group()
-    assert after - before == 2 * THREAD_OPS, (before, after)
+    assert after - before == ISSUERS * THREAD_OPS, (before, after)
 
 
 def _huge_timeout(ctx: RankContext) -> None:
@@ -424,7 +427,7 @@ def _user_code_rank_main(ctx: RankContext) -> dict[str, str | None]:
         for name, fn in {
             "callback_raises": _callback_raises,
             "callback_destroys_its_group": _callback_destroys_its_group,
-            "two_threads": _two_threads_one_group,
+            "threads": _threads_one_group,
             "huge_timeout": _huge_timeout,
         }.items()
     }
@@ -450,8 +453,8 @@ def test_callback_that_destroys_its_own_group() -> None:
     _user_code().assert_passed("callback_destroys_its_group")
 
 
-def test_two_threads_issuing_on_one_group() -> None:
-    _user_code().assert_passed("two_threads")
+def test_threads_issuing_on_one_group() -> None:
+    _user_code().assert_passed("threads")
 
 
 def test_huge_timeout_does_not_overflow() -> None:
