@@ -463,3 +463,61 @@ def test_huge_timeout_does_not_overflow() -> None:
 
 def test_destroy_after_user_code_is_prompt() -> None:
     _user_code().assert_passed("destroy")
+
+
+# --------------------------------------------------------------------------- transport faults
+
+
+def _peer_dies_while_idle(ctx: RankContext) -> dict[str, Any]:
+    """Rank 1 dies between collectives. Ranks 0 and 2 are in no op, so only their
+    transports can notice; the group must be failed within a second, naming rank 1."""
+    import signal
+
+    from torch_grpc_pg import wire
+
+    init_default_group(ctx, timedelta(seconds=60))
+    address = _backend().tcp_address
+    key = _backend().group_key
+    dist.all_reduce(torch.ones(4))
+    store = ctx.store()
+    store_barrier(store, ctx.world_size, "before the death")
+    if ctx.rank == 1:
+        store.set("died at", repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    store.wait(["died at"])
+    died_at = float(store.get("died at").decode())
+    failure = ""
+    deadline = time.monotonic() + 10
+    while not failure and time.monotonic() < deadline:
+        status = wire.read_status(address)
+        failure = next(g.failure for g in status.groups if g.group_key == key)
+        if not failure:
+            time.sleep(0.01)
+    noticed_s = time.time() - died_at
+    message, call_s = _raised(lambda: dist.all_reduce(torch.ones(4)))
+    return {
+        "noticed_s": noticed_s,
+        "failure": failure,
+        "message": message,
+        "call_s": call_s,
+    }
+
+
+def test_a_dead_peer_fails_the_group_everywhere_within_a_second() -> None:
+    import signal
+
+    results = run_ranks(
+        _peer_dies_while_idle, 3, expected_exitcodes={1: -signal.SIGKILL}
+    )
+    for res in results:
+        if res.rank == 1:
+            continue
+        outcome = res.value
+        assert outcome["noticed_s"] < 1.0, (res.rank, outcome)
+        assert re.search(r"\brank 1\b", outcome["failure"]), (res.rank, outcome)
+        # The next call fails at once with that reason.
+        assert outcome["message"] is not None and "rank 1" in outcome["message"], (
+            res.rank,
+            outcome,
+        )
+        assert outcome["call_s"] < 1.0, (res.rank, outcome)

@@ -27,7 +27,10 @@ Collective::Collective(Messenger& messenger, int rank, int world, OpType op, uin
       dtype_(dtype),
       count_(count),
       timeout_(timeout),
-      deadline_(std::chrono::steady_clock::now() + timeout),
+      // Clamped: now() plus a timeout near its type's maximum overflows.
+      deadline_(std::chrono::steady_clock::now() +
+                std::clamp(timeout, std::chrono::milliseconds(0),
+                           std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::hours(24 * 365)))),
       element_size_(element_size(dtype)),
       chunk_elements_(std::max<size_t>(1, chunk_bytes / element_size(dtype))),
       tracker_(std::move(tracker)),

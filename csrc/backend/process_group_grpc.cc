@@ -332,11 +332,10 @@ OpQueue::Finish ProcessGroupGrpc::run_job(const c10::intrusive_ptr<GrpcWork>& wo
 }
 
 OpQueue::Cancelled ProcessGroupGrpc::enter_failed(const std::string& reason) {
-  const bool transport_knew = messenger_->failed();
   if (!state_.fail(reason)) return {};
+  // The transport sends its first failure to every peer, so that none waits
+  // out its timeout for this rank.
   messenger_->fail(reason);
-  // A failure that began here: peers must not wait out their timeout for us.
-  if (!transport_knew) messenger_->abort_peers(reason);
   return queue_.close(failed_text(reason));
 }
 

@@ -66,23 +66,23 @@ void GrpcMessenger::set_peer_endpoints(const std::vector<std::string>& endpoints
   }
 }
 
-PeerLink* GrpcMessenger::find_link(int peer) {
+std::shared_ptr<PeerLink> GrpcMessenger::find_link(int peer) {
   std::lock_guard<std::mutex> lock(links_mutex_);
   if (shut_down_) throw CollectiveError("the process group was destroyed");
-  return links_.at(peer).get();
+  return links_.at(peer);
 }
 
-PeerLink& GrpcMessenger::link(int peer) {
-  if (PeerLink* existing = find_link(peer)) return *existing;
+std::shared_ptr<PeerLink> GrpcMessenger::link(int peer) {
+  if (auto existing = find_link(peer)) return existing;
   // The handshake may retry for the whole connect timeout: not under the
   // lock, which abort_peers needs meanwhile. Only this group's worker (or
   // its constructor) opens links, so no two threads race to open one.
   const std::string target = dial_target(self_, peers_.at(peer), config_.unix_sockets);
   auto mailbox = mailbox_;
   auto monitor = monitor_;
-  std::unique_ptr<PeerLink> opened;
+  std::shared_ptr<PeerLink> opened;
   try {
-    opened = std::make_unique<PeerLink>(target, LinkIdentity{group_key_, rank_, peer, world_}, config_,
+    opened = std::make_shared<PeerLink>(target, LinkIdentity{group_key_, rank_, peer, world_}, config_,
                                         [mailbox, monitor, peer](const std::string& reason) {
                                           monitor->set_link(peer, "broken: " + reason);
                                           mailbox->fail(reason);
@@ -96,7 +96,7 @@ PeerLink& GrpcMessenger::link(int peer) {
   if (shut_down_) throw CollectiveError("the process group was destroyed");
   auto& slot = links_.at(peer);
   if (!slot) slot = std::move(opened);
-  return *slot;
+  return slot;
 }
 
 void GrpcMessenger::connect(int peer) {
@@ -109,9 +109,9 @@ void GrpcMessenger::connect(int peer) {
 
 void GrpcMessenger::send(int dst, const FrameHeader& header, ByteView payload,
                          const std::shared_ptr<SendTracker>& tracker) {
-  PeerLink* target;
+  std::shared_ptr<PeerLink> target;
   try {
-    target = &link(dst);
+    target = link(dst);
   } catch (const CollectiveError&) {
     throw;
   } catch (const std::runtime_error& e) {
@@ -175,7 +175,7 @@ void GrpcMessenger::abort_peers(const std::string& reason) {
 }
 
 void GrpcMessenger::shut_down() {
-  std::vector<std::unique_ptr<PeerLink>> links;
+  std::vector<std::shared_ptr<PeerLink>> links;
   {
     std::lock_guard<std::mutex> lock(links_mutex_);
     if (shut_down_) return;

@@ -41,8 +41,10 @@ class GrpcMessenger : public GroupTransport {
   void shut_down() override;
 
  private:
-  PeerLink& link(int peer);
-  PeerLink* find_link(int peer);
+  // Shared, so that a send still writing on a link keeps it alive while
+  // shut_down closes it: the write then fails instead of touching freed memory.
+  std::shared_ptr<PeerLink> link(int peer);
+  std::shared_ptr<PeerLink> find_link(int peer);
   void write_flight_record() const;
 
   // How long closing the links may take in all, before streams are cut.
@@ -58,7 +60,7 @@ class GrpcMessenger : public GroupTransport {
   Endpoint self_;
   std::vector<Endpoint> peers_;
   std::mutex links_mutex_;
-  std::vector<std::unique_ptr<PeerLink>> links_;
+  std::vector<std::shared_ptr<PeerLink>> links_;
   bool shut_down_ = false;
 };
 
