@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime
 import os
 import queue
-import socket
 import traceback
 import warnings
 from collections.abc import Callable
@@ -23,6 +22,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from _backends import load_backend
+
+from torch_grpc_pg._ports import free_port
 
 Message = tuple[str, Any]
 
@@ -66,12 +67,6 @@ RankFn = Callable[[RankContext], None]
 
 class WorldFailed(RuntimeError):
     pass
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def default_threads(world: int) -> int:

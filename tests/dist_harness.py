@@ -21,7 +21,6 @@ import os
 import pickle
 import queue
 import signal
-import socket
 import tempfile
 import time
 import traceback
@@ -35,9 +34,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from torch_grpc_pg._ports import LOOPBACK, free_port
+
 BACKEND_ENV = "TORCH_GRPC_PG_TEST_BACKEND"
 REFERENCE_BACKEND = "gloo"
-LOOPBACK = "127.0.0.1"
 
 # Generous for the collectives under test: a wrong result must show up as a
 # failed comparison, not as a timeout caused by 4 ranks sharing 2 cores.
@@ -55,13 +55,6 @@ def ensure_backend_importable() -> None:
     """Fail in the parent, once, instead of in every spawned rank."""
     if backend_under_test() == "grpc":
         import torch_grpc_pg  # noqa: F401  (registers the "grpc" backend)
-
-
-def free_port() -> int:
-    """A currently free loopback port, for init methods that need one up front."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True)

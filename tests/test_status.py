@@ -15,7 +15,6 @@ import functools
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from dist_harness import (
     HarnessError,
     RankContext,
     backend_under_test,
+    free_port,
     init_default_group,
     run_ranks,
     store_barrier,
@@ -484,16 +484,10 @@ def test_discovery_reads_the_registry_and_drops_duplicates() -> None:
     assert status.discover_servers(store) == ["h:1", "h:2"]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
-
-
 def test_unreachable_rank_exits_nonzero_saying_so(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    target = f"{LOOPBACK}:{_free_port()}"
+    target = f"{LOOPBACK}:{free_port()}"
     assert status.main([target, "--timeout", "5"]) == status.EXIT_UNREADABLE
     err = capsys.readouterr().err
     assert f"cannot reach {target}" in err and "still running" in err, err
@@ -502,7 +496,7 @@ def test_unreachable_rank_exits_nonzero_saying_so(
 def test_unreachable_store_exits_nonzero_saying_so(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    url = f"tcp://{LOOPBACK}:{_free_port()}"
+    url = f"tcp://{LOOPBACK}:{free_port()}"
     assert status.main(["--store", url, "--timeout", "2"]) == status.EXIT_SETUP
     err = capsys.readouterr().err
     assert "cannot connect to the store" in err and "MASTER_ADDR" in err, err
@@ -525,7 +519,7 @@ def test_store_url_must_be_tcp(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_watch_redraws_the_screen_and_keeps_going_on_errors() -> None:
-    target = f"{LOOPBACK}:{_free_port()}"
+    target = f"{LOOPBACK}:{free_port()}"
     args = status.parse_args([target, "--watch", "--timeout", "5"])
     assert args.watch == 2.0
     frame = status._watch_frame(args, status.credentials_from(args))

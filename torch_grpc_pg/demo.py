@@ -12,22 +12,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from torch_grpc_pg._ports import free_port
+
 RESULT_TAG = "DEMO_RESULT "
 UNAVAILABLE_TAG = "DEMO_UNAVAILABLE "
 # Left out of the mean step time: the first steps pay for connection set-up.
 WARMUP_STEPS = 3
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # ---------------------------------------------------------------- worker (one per rank)
@@ -128,7 +123,7 @@ def launch(
         "--master-addr",
         "127.0.0.1",
         "--master-port",
-        str(_free_port()),
+        str(free_port()),
         str(here),
         "--worker",
         "--backend",
