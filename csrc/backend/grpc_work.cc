@@ -27,6 +27,20 @@ void log_callback_error(const char* what) {
   }
 }
 
+// Settling a future runs the user's callbacks; whatever they throw stays here.
+template <typename Settle>
+void containing_callback_errors(Settle&& settle) noexcept {
+  try {
+    settle();
+  } catch (const c10::Error& e) {
+    log_callback_error(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    log_callback_error(e.what());
+  } catch (...) {
+    log_callback_error("an exception of unknown type");
+  }
+}
+
 }  // namespace
 
 GrpcWork::GrpcWork(int rank, c10d::OpType type, const char* profiling_title,
@@ -40,15 +54,7 @@ GrpcWork::GrpcWork(int rank, c10d::OpType type, const char* profiling_title,
 // from wait() may read the future's value at once.
 void GrpcWork::complete() noexcept {
   if (settled_.exchange(true)) return;
-  try {
-    future_->markCompleted(c10::IValue(outputs_));
-  } catch (const c10::Error& e) {
-    log_callback_error(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    log_callback_error(e.what());
-  } catch (...) {
-    log_callback_error("an exception of unknown type");
-  }
+  containing_callback_errors([&] { future_->markCompleted(c10::IValue(outputs_)); });
   try {
     finish();
   } catch (...) {
@@ -57,15 +63,7 @@ void GrpcWork::complete() noexcept {
 
 void GrpcWork::fail(std::exception_ptr error) noexcept {
   if (settled_.exchange(true)) return;
-  try {
-    future_->setErrorIfNeeded(error);
-  } catch (const c10::Error& e) {
-    log_callback_error(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    log_callback_error(e.what());
-  } catch (...) {
-    log_callback_error("an exception of unknown type");
-  }
+  containing_callback_errors([&] { future_->setErrorIfNeeded(error); });
   try {
     finish(error);
   } catch (...) {
