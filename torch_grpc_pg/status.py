@@ -13,7 +13,6 @@ issued the op the others wait in, or else the rank they wait for that waits for 
 from __future__ import annotations
 
 import argparse
-import hmac
 import json
 import os
 import socket
@@ -122,7 +121,7 @@ def read_rank(target: str, creds: Credentials, timeout: float) -> pb.StatusReply
 
 
 def _observe(target: str, creds: Credentials, timeout: float) -> pb.StatusReply:
-    # wire.handshake, with this tool's channel options (TLS name, message size, deadline).
+    # This tool's own channel options: TLS name, message size, deadline.
     link = wire.Link(
         target,
         channel_options=creds.channel_options(),
@@ -130,27 +129,15 @@ def _observe(target: str, creds: Credentials, timeout: float) -> pb.StatusReply:
         timeout=timeout,
     )
     try:
-        hello = wire.hello("", wire.OBSERVER_RANK, 0, 0)
-        link.send_frame(hello)
-        challenge = link.reply().challenge
-        if challenge.error:  # before any proof: a version or protocol mismatch
-            raise StatusError(f"{target} refused the status request: {challenge.error}")
-        nonces = (hello.hello.nonce, challenge.nonce)
-        args = ("", wire.OBSERVER_RANK, 0, 0, *nonces)
-        expected = wire.proof(creds.token, "server", *args)
-        if not hmac.compare_digest(expected, challenge.proof):
-            raise PermissionError(_proof_mismatch(target, creds.token, challenge.proof))
-        link.send_frame(
-            pb.Frame(proof=pb.Proof(proof=wire.proof(creds.token, "client", *args)))
-        )
-        welcome = link.reply().welcome
-        if welcome.error:
-            raise PermissionError(
-                f"{target} refused the status request: {welcome.error}"
-            )
-        return link.reply().status
-    finally:
-        link.close()
+        return wire.read_status(target, creds.token, link=link)
+    except wire.ServerProofError as exc:
+        raise PermissionError(
+            _proof_mismatch(target, creds.token, exc.server_proof)
+        ) from None
+    except wire.StatusRefused as exc:
+        if exc.before_proof:  # a version or protocol mismatch, not a credential
+            raise StatusError(str(exc)) from None
+        raise
 
 
 def _proof_mismatch(target: str, token: str, server_proof: bytes) -> str:

@@ -126,6 +126,25 @@ def hello(
     )
 
 
+class ServerProofError(PermissionError):
+    """The server could not prove that it holds the caller's token; it got no proof back."""
+
+    def __init__(self, target: str, server_proof: bytes) -> None:
+        super().__init__(
+            f"{target} could not prove that it holds this side's token "
+            "(TORCH_GRPC_PG_AUTH_TOKEN): the tokens differ, or it is not a rank"
+        )
+        self.server_proof = server_proof
+
+
+class StatusRefused(PermissionError):
+    """The server refused an observer; `before_proof` when it did so at the Challenge."""
+
+    def __init__(self, target: str, reason: str, before_proof: bool) -> None:
+        super().__init__(f"{target} refused the status request: {reason}")
+        self.before_proof = before_proof
+
+
 def handshake(
     target: str,
     group: str,
@@ -136,13 +155,15 @@ def handshake(
     *,
     check_server: bool = True,
     credentials: grpc.ChannelCredentials | None = None,
+    link: Link | None = None,
 ) -> tuple[Link, pb.Frame]:
     """Runs the caller's side with `token`; returns the link and the server's last reply.
 
     Like the ranks, it checks the server's proof before it sends its own, so a server that
     cannot prove it holds the token gets nothing it could replay. (Tests that play an
-    attacker skip that check: an attacker would.)"""
-    link = Link(target, credentials=credentials)
+    attacker skip that check: an attacker would.) `link` is an already opened one, for
+    callers that need their own channel options."""
+    link = link or Link(target, credentials=credentials)
     first = hello(group, src, dst, world)
     link.send_frame(first)
     challenge = link.reply().challenge
@@ -152,10 +173,7 @@ def handshake(
     expected = proof(token, "server", group, src, dst, world, *nonces)
     if check_server and not hmac.compare_digest(expected, challenge.proof):
         link.close()
-        raise PermissionError(
-            f"{target} could not prove that it holds this side's token "
-            "(TORCH_GRPC_PG_AUTH_TOKEN): the tokens differ, or it is not a rank"
-        )
+        raise ServerProofError(target, challenge.proof)
     mine = proof(token, "client", group, src, dst, world, *nonces)
     link.send_frame(pb.Frame(proof=pb.Proof(proof=mine)))
     return link, link.reply()
@@ -190,18 +208,20 @@ def data_frame(
 
 
 def read_status(
-    target: str, token: str = "", credentials: grpc.ChannelCredentials | None = None
+    target: str,
+    token: str = "",
+    credentials: grpc.ChannelCredentials | None = None,
+    link: Link | None = None,
 ) -> pb.StatusReply:
     """One rank's StatusReply, read as an authenticated observer."""
     link, last = handshake(
-        target, "", OBSERVER_RANK, 0, 0, token, credentials=credentials
+        target, "", OBSERVER_RANK, 0, 0, token, credentials=credentials, link=link
     )
     try:
-        refusal = (
-            last.welcome.error if last.HasField("welcome") else last.challenge.error
-        )
-        if refusal:
-            raise PermissionError(f"{target} refused the status request: {refusal}")
+        if last.HasField("challenge"):
+            raise StatusRefused(target, last.challenge.error, before_proof=True)
+        if last.welcome.error:
+            raise StatusRefused(target, last.welcome.error, before_proof=False)
         return link.reply().status
     finally:
         link.close()
