@@ -31,7 +31,6 @@ import torch.distributed as dist
 from test_security import _make_pki
 
 from dist_harness import (
-    DEFAULT_PG_TIMEOUT,
     LOOPBACK,
     HarnessError,
     RankContext,
@@ -77,18 +76,11 @@ def _poll(read: Any, done: Any, what: str, timeout_s: float = POLL_S) -> Any:
 
 def _hung_job(ctx: RankContext, env: dict[str, str]) -> dict[str, Any]:
     """Every rank does allreduce #1; ranks 0 and 1 then start #2, which rank 2 withholds
-    until rank 0 has looked at the job. The group lives at the store's root, where the
-    servers' registry is, so that ``--store`` finds it as it would in a real job."""
+    until rank 0 has looked at the job. Whatever prefix the group's store has, the
+    servers' registry lands at the store's root, where ``--store`` looks, as in a real job."""
     os.environ.update(env)
     store = ctx.store()
-    store_barrier(store, ctx.world_size, "arrived")
-    dist.init_process_group(
-        ctx.backend,
-        store=store,
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        timeout=DEFAULT_PG_TIMEOUT,
-    )
+    init_default_group(ctx)
     first = torch.full((NUMEL,), float(ctx.rank + 1))
     dist.all_reduce(first)
     second = torch.full((NUMEL,), float(10 * (ctx.rank + 1)))
