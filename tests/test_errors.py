@@ -308,3 +308,100 @@ def test_peer_killed_during_64mib_allreduce(world: int) -> None:
     assert [o.rank for o in outcomes] == [r for r in range(world) if r != VICTIM]
     for outcome in outcomes:
         _assert_failed(outcome, "allreduce", [VICTIM])
+
+
+# --------------------------------------------------------------------------- point-to-point
+
+P2P_TIMEOUT = timedelta(seconds=3)
+
+
+def _p2p_mismatch(
+    ctx: RankContext, send_numel: int, recv_numel: int, tags: tuple[int, int]
+) -> Outcome:
+    init_default_group(ctx, FAULT_TIMEOUT)
+
+    def call() -> None:
+        if ctx.rank == 0:
+            dist.send(torch.ones(send_numel), dst=1, tag=tags[0])
+        elif ctx.rank == 1:
+            dist.recv(torch.zeros(recv_numel), src=0, tag=tags[1])
+        # Every rank learns of the failed receive, rank 0 whose send went through included.
+        dist.barrier()
+
+    return _attempt(ctx, call)
+
+
+@pytest.mark.parametrize(
+    ("send_numel", "recv_numel", "tags", "detail"),
+    [
+        (10, 10, (1, 2), ("tag 1", "tag 2")),
+        (10, 12, (0, 0), ("10 elements", "12 elements")),
+    ],
+    ids=["tag", "size"],
+)
+def test_recv_that_does_not_match_the_send_fails_every_rank(
+    send_numel: int, recv_numel: int, tags: tuple[int, int], detail: tuple[str, str]
+) -> None:
+    for outcome in _run(_p2p_mismatch, 3, send_numel, recv_numel, tags):
+        _assert_failed(outcome, "recv", [0, 1])
+        for text in detail:
+            assert text in outcome.message, (
+                f"rank {outcome.rank}: no {text!r} in {outcome.message}"
+            )
+
+
+def _recv_without_send(ctx: RankContext) -> Outcome:
+    init_default_group(ctx, P2P_TIMEOUT)
+
+    def call() -> None:
+        if ctx.rank == 1:
+            dist.recv(torch.zeros(5), src=0)
+        dist.barrier()
+
+    return _attempt(ctx, call)
+
+
+def test_recv_that_nobody_sends_times_out_naming_the_peer() -> None:
+    within = P2P_TIMEOUT.total_seconds() + LATE_S
+    for outcome in _run(_recv_without_send, 2):
+        _assert_failed(
+            outcome, "recv" if outcome.rank == 1 else "barrier", [0, 1], within_s=within
+        )
+        assert "timed out" in outcome.message, outcome.message
+
+
+def _bad_peers(ctx: RankContext) -> Outcome:
+    init_default_group(ctx, FAULT_TIMEOUT)
+    backend = dist.distributed_c10d._get_default_group()._get_backend(
+        torch.device("cpu")
+    )
+    messages = []
+    for call in (
+        lambda: backend.send([torch.ones(2)], ctx.rank, 0),
+        lambda: backend.recv([torch.ones(2)], 5, 0),
+        lambda: backend.send([torch.ones(2), torch.ones(2)], 1 - ctx.rank, 0),
+    ):
+        try:
+            call()
+            messages.append("")
+        except RuntimeError as exc:
+            messages.append(str(exc))
+    # Refused at the call: the group still works.
+    tensor = torch.ones(3)
+    dist.all_reduce(tensor)
+    assert tensor.tolist() == [2.0] * 3
+
+    def report() -> None:
+        raise RuntimeError(" | ".join(messages))
+
+    return _attempt(ctx, report)
+
+
+def test_send_to_itself_or_outside_the_group_is_refused_at_the_call() -> None:
+    for outcome in _run(_bad_peers, 2):
+        self_send, outside, two = outcome.message.split(" | ")
+        assert "this rank" in self_send and _names_rank(self_send, outcome.rank), (
+            self_send
+        )
+        assert "source rank 5" in outside and "[0, 2)" in outside, outside
+        assert "expected one tensor" in two, two

@@ -330,7 +330,8 @@ def _failing_group(ctx: RankContext) -> dict[str, Any]:
     )
     reply = status.read_rank(address, status.Credentials(), 10)
     out["failure"] = reply.groups[0].failure
-    out["recent"] = [(r.seq, r.outcome) for r in reply.groups[0].recent]
+    (group,) = [g for g in reply.groups if not g.group_key.endswith("/p2p")]
+    out["recent"] = [(r.seq, r.outcome) for r in group.recent]
     dumps = sorted(Path(ctx.tmp_dir).glob(f"torch_grpc_pg-rank{ctx.rank}-*.json"))
     out["dumps"] = [json.loads(p.read_text()) for p in dumps]
     return out

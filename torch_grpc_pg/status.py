@@ -284,6 +284,8 @@ class GroupView:
     world_size: int
     rows: dict[int, RankRow] = field(default_factory=dict)
     culprit: Culprit | None = None
+    # The group's point-to-point channel (send/recv), per rank that reported it.
+    point_to_point: dict[int, pb.GroupStatus] = field(default_factory=dict)
 
     @property
     def missing(self) -> list[int]:
@@ -312,9 +314,16 @@ class Culprit:
         }
 
 
+# A group's send/recv messages travel on a channel of their own, reported
+# under the group's key with this suffix; its numbers count messages per pair
+# of ranks, not the group's collectives, so it stays out of the verdict.
+P2P_SUFFIX = "/p2p"
+
+
 def group_views(reads: Iterable[RankRead]) -> list[GroupView]:
     """The replies regrouped per process group; a process reached twice counts once."""
     views: dict[str, GroupView] = {}
+    channels: dict[str, dict[int, pb.GroupStatus]] = {}
     seen: set[tuple[str, int]] = set()
     for read in reads:
         if read.reply is None:
@@ -324,12 +333,17 @@ def group_views(reads: Iterable[RankRead]) -> list[GroupView]:
             continue
         seen.add(process)
         for status in read.reply.groups:
+            if status.group_key.endswith(P2P_SUFFIX):
+                parent = status.group_key[: -len(P2P_SUFFIX)]
+                channels.setdefault(parent, {}).setdefault(status.rank, status)
+                continue
             view = views.setdefault(
                 status.group_key, GroupView(status.group_key, status.world_size)
             )
             view.rows.setdefault(status.rank, RankRow(read.target, status))
     for view in views.values():
         view.culprit = find_culprit(view)
+        view.point_to_point = channels.get(view.group_key, {})
     return sorted(views.values(), key=lambda v: (-v.world_size, v.group_key))
 
 
@@ -451,6 +465,13 @@ def _render_group(view: GroupView) -> list[str]:
         lines.append(view.culprit.message)
     elif not any(failure for _, failure in failed):
         lines.append("no rank waits for a peer")
+    for rank, status in sorted(view.point_to_point.items()):
+        if status.HasField("waiting"):
+            w = status.waiting
+            lines.append(
+                f"rank {rank} waits for message #{w.seq} from rank {w.peer} "
+                f"({w.seconds:.1f} s so far)"
+            )
     return lines
 
 
@@ -532,6 +553,10 @@ def _view_dict(view: GroupView) -> dict[str, Any]:
         },
         "missing": view.missing,
         "culprit": None if view.culprit is None else view.culprit.as_dict(),
+        "point_to_point": {
+            str(rank): _message_dict(status)
+            for rank, status in sorted(view.point_to_point.items())
+        },
     }
 
 

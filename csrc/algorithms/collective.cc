@@ -37,8 +37,18 @@ Collective::Collective(Messenger& messenger, int rank, int world, OpType op, uin
       root_(root),
       reduction_(reduction) {}
 
+Collective Collective::with_count(uint64_t count) const {
+  Collective copy = *this;
+  copy.count_ = count;
+  return copy;
+}
+
 std::string Collective::describe() const {
   std::ostringstream out;
+  if (op_ == OpType::PointToPoint) {
+    out << "message #" << seq_ << " (" << dtype_name(dtype_) << ", " << count_ << " elements, tag " << tag_ << ")";
+    return out.str();
+  }
   out << op_name(op_) << " #" << seq_ << " (" << dtype_name(dtype_) << ", " << count_
       << " elements";
   if (has_root(op_)) out << ", root " << root_;
@@ -58,6 +68,7 @@ void Collective::send(int dst, const std::byte* base, uint64_t offset, uint64_t 
   header.root = root_;
   header.reduction = reduction_code(reduction_);
   header.schedule = static_cast<uint32_t>(schedule_);
+  header.tag = tag_;
   const ByteView payload = n == 0 ? ByteView{} : ByteView{base + offset * element_size_, n * element_size_};
   try {
     messenger_.send(dst, header, payload, tracker_);
@@ -92,7 +103,7 @@ ReceivedFrame Collective::recv(int src, uint64_t offset, uint64_t n) {
   }
   if (h.seq != seq_ || h.op != static_cast<uint32_t>(op_) ||
       h.dtype != static_cast<uint32_t>(dtype_) || h.count != count_ || h.root != root_ ||
-      h.reduction != reduction_code(reduction_)) {
+      h.reduction != reduction_code(reduction_) || h.tag != tag_) {
     fail_mismatch(src, h);
   }
   if (h.schedule != static_cast<uint32_t>(schedule_)) {
@@ -127,6 +138,14 @@ void Collective::wait_sends_released() {
 
 void Collective::fail_mismatch(int src, const FrameHeader& theirs) const {
   std::ostringstream out;
+  if (op_ == OpType::PointToPoint) {
+    out << "the receive on rank " << rank_ << " expected " << describe() << " from rank " << src
+        << ", which sent message #" << theirs.seq << " (" << dtype_name(static_cast<DType>(theirs.dtype)) << ", "
+        << theirs.count << " elements, tag " << theirs.tag
+        << "). Each receive takes the next message its peer sent to this rank, which must have the same "
+           "dtype, number of elements and tag.";
+    throw CollectiveError(out.str());
+  }
   out << describe() << " on rank " << rank_ << " does not match rank " << src << ", which is running "
       << op_name(theirs.op) << " #" << theirs.seq << " ("
       << dtype_name(static_cast<DType>(theirs.dtype)) << ", " << theirs.count << " elements";
@@ -134,6 +153,11 @@ void Collective::fail_mismatch(int src, const FrameHeader& theirs) const {
   if (theirs.reduction != 0) out << ", " << reduction_name(theirs.reduction);
   out << "). Every rank of a process group must call the same collectives in the same order, "
          "with the same dtypes, sizes, roots and reduce ops.";
+  if (op_ == OpType::Alltoall && theirs.op == static_cast<uint32_t>(op_) && theirs.seq == seq_) {
+    out << " In an all-to-all, the number of elements rank " << src << " sends to rank " << rank_
+        << " (its input split " << rank_ << ") must equal what rank " << rank_ << " expects from it (its output split "
+        << src << ").";
+  }
   throw CollectiveError(out.str());
 }
 

@@ -35,6 +35,11 @@ class Collective {
   // so the schedule travels in the header and is checked like the op.
   enum class Schedule : uint32_t { Ring = 0, Direct = 1 };
   void use_schedule(Schedule schedule) { schedule_ = schedule; }
+  // Point-to-point messages carry the sender's tag; the receiver's must match.
+  void use_tag(int64_t tag) { tag_ = tag; }
+  // The same collective moving `count` elements: the blocks of an uneven
+  // all-to-all differ in size from pair to pair, and each pair checks its own.
+  Collective with_count(uint64_t count) const;
 
   // How received data combines; SUM for collectives that do not reduce.
   ReduceOp reduce_op() const { return reduction_ ? reduction_->op : ReduceOp::Sum; }
@@ -71,6 +76,7 @@ class Collective {
   uint32_t root_;
   std::optional<Reduction> reduction_;
   Schedule schedule_ = Schedule::Ring;
+  int64_t tag_ = 0;
 };
 
 }  // namespace tgpg

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "algorithms/collective_error.h"
 #include "algorithms/element_runs.h"
 #include "algorithms/reduce_kernels.h"
 
@@ -238,22 +239,46 @@ void scatter(Collective& c, const std::byte* in, std::byte* out) {
 
 void alltoall(Collective& c, const std::byte* in, std::byte* out) {
   const uint64_t n = c.count();
-  const size_t block_bytes = n * c.element_bytes();
+  std::vector<Block> blocks(static_cast<size_t>(c.world()));
+  for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = {i * n, n};
+  alltoallv(c, in, blocks, out, blocks);
+}
+
+void alltoallv(Collective& c, const std::byte* in, const std::vector<Block>& send, std::byte* out,
+               const std::vector<Block>& recv) {
+  const size_t esize = c.element_bytes();
   const int r = c.rank();
+  if (send[r].count != recv[r].count) {
+    throw CollectiveError(c.describe() + " on rank " + std::to_string(r) + ": this rank sends itself " +
+                          std::to_string(send[r].count) + " elements but expects " + std::to_string(recv[r].count) +
+                          "; its input split " + std::to_string(r) + " and output split " + std::to_string(r) +
+                          " must be equal.");
+  }
   // Everyone sends first, then receives: frames are queued, so no rank waits on another's receive.
-  const Range block{0, n};
   for (int step = 1; step < c.world(); ++step) {
     const int dst = ring_index(r + step, c.world());
-    const std::byte* block_in = in + static_cast<uint64_t>(dst) * block_bytes;
-    for_each_chunk(c, block, [&](uint64_t off, uint64_t len) { c.send(dst, block_in, off, len); });
+    Collective pair = c.with_count(send[dst].count);
+    const std::byte* block = in + send[dst].offset * esize;
+    for_each_chunk(pair, Range{0, send[dst].count},
+                   [&](uint64_t off, uint64_t len) { pair.send(dst, block, off, len); });
   }
-  copy_bytes(out + static_cast<uint64_t>(r) * block_bytes, in + static_cast<uint64_t>(r) * block_bytes, block_bytes);
+  copy_bytes(out + recv[r].offset * esize, in + send[r].offset * esize, send[r].count * esize);
   for (int step = 1; step < c.world(); ++step) {
     const int src = ring_index(r - step, c.world());
-    for_each_chunk(c, block, [&](uint64_t off, uint64_t len) {
-      copy_frame_into(c, out, static_cast<uint64_t>(src) * n + off, c.recv(src, off, len));
+    Collective pair = c.with_count(recv[src].count);
+    for_each_chunk(pair, Range{0, recv[src].count}, [&](uint64_t off, uint64_t len) {
+      copy_frame_into(pair, out, recv[src].offset + off, pair.recv(src, off, len));
     });
   }
+}
+
+void send_message(Collective& c, int dst, const std::byte* data) {
+  for_each_chunk(c, Range{0, c.count()}, [&](uint64_t off, uint64_t len) { c.send(dst, data, off, len); });
+}
+
+void recv_message(Collective& c, int src, std::byte* data) {
+  for_each_chunk(c, Range{0, c.count()},
+                 [&](uint64_t off, uint64_t len) { copy_frame_into(c, data, off, c.recv(src, off, len)); });
 }
 
 void barrier(Collective& c) {

@@ -1,6 +1,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <vector>
 
 #include "algorithms/collective.h"
 #include "algorithms/reduce_op.h"
@@ -35,6 +37,23 @@ void gather(Collective& c, const std::byte* in, std::byte* out);
 void scatter(Collective& c, const std::byte* in, std::byte* out);
 // alltoall: block j of rank i's `in` lands in block i of rank j's `out`.
 void alltoall(Collective& c, const std::byte* in, std::byte* out);
+
+// An element range of a buffer.
+struct Block {
+  uint64_t offset;
+  uint64_t count;
+};
+// Uneven alltoall: rank i's `send[j]` of `in` lands in rank j's `recv[i]` of
+// `out`. Each pair's frames carry the size of their block, which the receiver
+// checks against the block it expects.
+void alltoallv(Collective& c, const std::byte* in, const std::vector<Block>& send, std::byte* out,
+               const std::vector<Block>& recv);
+
+// Point-to-point: one message of c.count() elements to or from one peer, on a
+// messenger of its own. The collective's sequence number counts the messages
+// of the pair, so that a receive can only take the message it is meant for.
+void send_message(Collective& c, int dst, const std::byte* data);
+void recv_message(Collective& c, int src, std::byte* data);
 
 // Returns once every rank has entered the barrier (dissemination barrier:
 // ceil(log2(world)) rounds of one message).

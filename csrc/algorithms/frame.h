@@ -23,6 +23,7 @@ struct FrameHeader {
   uint32_t root = 0;
   uint32_t reduction = 0;  // reduction_code() of the collective's reduction
   uint32_t schedule = 0;   // Collective::Schedule the sender runs
+  int64_t tag = 0;         // point-to-point messages: the sender's tag
   std::string error;
 };
 

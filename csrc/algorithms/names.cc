@@ -89,6 +89,7 @@ const char* op_name(uint32_t op) {
     case OpType::Scatter: return "scatter";
     case OpType::ReduceScatter: return "reduce_scatter";
     case OpType::Alltoall: return "alltoall";
+    case OpType::PointToPoint: return "send";
   }
   return "unknown collective";
 }

@@ -17,6 +17,9 @@ enum class OpType : uint32_t {
   Scatter = 8,
   ReduceScatter = 9,
   Alltoall = 10,
+  // send/recv: one message from one rank to one peer, on the group's
+  // point-to-point streams; seq numbers the messages of that pair.
+  PointToPoint = 11,
 };
 
 const char* op_name(OpType op);

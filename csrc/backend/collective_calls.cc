@@ -159,6 +159,58 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allgather_into_tensor_coalesced
   return works.empty() ? barrier(c10d::BarrierOptions()) : works.back();
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                                     std::vector<at::Tensor>& inputs,
+                                                                     const c10d::AllgatherOptions& opts) {
+  const std::string where = this->where("allgather_coalesced");
+  TORCH_CHECK(outputs.size() == inputs.size(), where, ": got ", inputs.size(), " inputs but ", outputs.size(),
+              " lists of outputs.");
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::vector<std::vector<at::Tensor>> out{outputs[i]};
+    std::vector<at::Tensor> in{inputs[i]};
+    works.push_back(allgather(out, in, opts));
+  }
+  return works.empty() ? barrier(c10d::BarrierOptions()) : works.back();
+}
+
+// Ops issued while coalescing run as they are issued; the Work of the batch
+// waits on all their futures.
+void ProcessGroupGrpc::startCoalescing() {
+  std::lock_guard<std::mutex> lock(coalescing_mutex_);
+  TORCH_CHECK(!coalescing_, where("startCoalescing"), ": already coalescing; call endCoalescing first.");
+  coalescing_ = true;
+  coalesced_.clear();
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::endCoalescing() {
+  std::vector<c10::intrusive_ptr<c10::ivalue::Future>> futures;
+  {
+    std::lock_guard<std::mutex> lock(coalescing_mutex_);
+    TORCH_CHECK(coalescing_, where("endCoalescing"), ": startCoalescing was not called.");
+    coalescing_ = false;
+    futures.swap(coalesced_);
+  }
+  auto work = c10::make_intrusive<GrpcWork>(rank_, c10d::OpType::COALESCED, "grpc:coalesced",
+                                            std::vector<at::Tensor>{}, std::vector<at::Tensor>{});
+  if (futures.empty()) {
+    work->complete();
+    return work;
+  }
+  c10::List<c10::intrusive_ptr<c10::ivalue::Future>> list(c10::FutureType::create(c10::AnyType::get()));
+  for (auto& future : futures) list.push_back(future);
+  c10::collectAll(list)->addCallback([work, futures](c10::ivalue::Future&) {
+    for (const auto& future : futures) {
+      if (future->hasError()) {
+        work->fail(future->exception_ptr());
+        return;
+      }
+    }
+    work->complete();
+  });
+  return work;
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::barrier(const c10d::BarrierOptions& opts) {
   return enqueue(c10d::OpType::BARRIER, "grpc:barrier", {}, {}, timeout_of(opts.timeout),
                  [this](uint64_t seq, std::chrono::milliseconds timeout) {

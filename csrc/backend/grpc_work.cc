@@ -70,4 +70,10 @@ void GrpcWork::fail(std::exception_ptr error) noexcept {
   }
 }
 
+int GrpcWork::sourceRank() const {
+  const int rank = source_rank_.load();
+  TORCH_CHECK(rank >= 0, "sourceRank() is known only for a receive, once it has completed.");
+  return rank;
+}
+
 }  // namespace tgpg

@@ -30,8 +30,13 @@ class GrpcWork : public c10d::Work {
   void complete() noexcept;
   void fail(std::exception_ptr error) noexcept;
 
+  // For a receive: the rank its message came from (recv(src=None) reads it).
+  void set_source_rank(int rank) { source_rank_.store(rank); }
+  int sourceRank() const override;
+
  private:
   std::vector<at::Tensor> outputs_;
+  std::atomic<int> source_rank_{-1};
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::atomic<bool> settled_{false};
 };

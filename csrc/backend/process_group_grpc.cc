@@ -4,6 +4,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <future>
 #include <random>
 #include <sstream>
 
@@ -82,7 +83,7 @@ std::string cannot_run(const char* title, uint64_t seq, int rank, const std::str
 
 ProcessGroupGrpc::ProcessGroupGrpc(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                    BackendOptions options)
-    : c10d::Backend(rank, size), options_(std::move(options)) {
+    : c10d::Backend(rank, size), options_(std::move(options)), lanes_(size) {
   TORCH_CHECK(rank >= 0 && rank < size, "grpc backend: rank ", rank, " is not in [0, ", size, ").");
   options_.timeout = group_timeout(options_.timeout);
   timeout_ms_.store(options_.timeout.count());
@@ -100,6 +101,7 @@ ProcessGroupGrpc::~ProcessGroupGrpc() {
   } catch (...) {
   }
   queue_.finish_worker(kWorkerExitGrace);
+  lanes_.finish_workers(kWorkerExitGrace);
 }
 
 void ProcessGroupGrpc::setTimeout(std::chrono::milliseconds timeout) {
@@ -121,11 +123,21 @@ void ProcessGroupGrpc::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) 
   std::string failure;
   try {
     messenger_ = create_group_transport(options_.transport, group_key, rank_, size_);
+    p2p_ = create_group_transport(options_.transport, group_key + "/p2p", rank_, size_);
+    // The group fails as one: whichever transport fails first fails the other.
+    const auto couple = [](const std::shared_ptr<GroupTransport>& from, const std::shared_ptr<GroupTransport>& to) {
+      from->add_failure_listener([weak = std::weak_ptr<GroupTransport>(to)](const std::string& reason) {
+        if (auto other = weak.lock()) other->fail(reason);
+      });
+    };
+    couple(messenger_, p2p_);
+    couple(p2p_, messenger_);
   } catch (const std::exception& e) {
     failure = "could not start its transport: " + message_of(e);
   }
   // An empty address tells peers not to wait for, or dial, a rank that failed to start.
-  store_set(store, prefix + "endpoint/" + std::to_string(rank_), messenger_ ? messenger_->local_endpoint() : "");
+  store_set(store, prefix + "endpoint/" + std::to_string(rank_),
+            failure.empty() ? messenger_->local_endpoint() : std::string());
   std::vector<bool> absent(size_, false);  // never published an address within `bound`
   if (failure.empty()) failure = connect_peers(store, prefix, absent);
 
@@ -223,6 +235,7 @@ std::string ProcessGroupGrpc::connect_peers(const c10::intrusive_ptr<c10d::Store
   if (peer_failed_to_start) return "";
   try {
     messenger_->set_peer_endpoints(endpoints);
+    p2p_->set_peer_endpoints(endpoints);
   } catch (const std::exception& e) {
     return message_of(e);
   }
@@ -269,10 +282,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::enqueue(c10d::OpType type, cons
                                                          std::vector<at::Tensor> outputs,
                                                          std::chrono::milliseconds timeout, Body body) {
   auto work = c10::make_intrusive<GrpcWork>(rank_, type, title, inputs, std::move(outputs));
+  issue(queue_, *messenger_, work, title, inputs, timeout, std::move(body));
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::issue(OpQueue& queue, GroupTransport& transport,
+                                                       const c10::intrusive_ptr<GrpcWork>& work, const char* title,
+                                                       const std::vector<at::Tensor>& inputs,
+                                                       std::chrono::milliseconds timeout, Body body) {
   // A failure the transport found on its own (a broken link, a peer's abort)
   // fails the group now, so this call fails at once with that reason.
   if (state_.phase() == GroupState::Phase::Ready && messenger_->failed()) {
     for (const auto& cancel : enter_failed(messenger_->failure())) cancel();
+  }
+  {
+    std::lock_guard<std::mutex> lock(coalescing_mutex_);
+    if (coalescing_) coalesced_.push_back(work->getFuture());
   }
   const int rank = rank_;
   OpQueue::Cancel cancel = [work, title, rank](uint64_t seq, const std::string& why) {
@@ -281,19 +306,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::enqueue(c10d::OpType type, cons
   // What the flight recorder shows of this op (group_monitor.h).
   OpSummary summary{inputs.empty() ? "" : std::string(c10::toString(inputs[0].scalar_type())),
                     inputs.empty() ? 0 : static_cast<uint64_t>(inputs[0].numel())};
-  const uint64_t seq = queue_.push(
-      [this, work, title, timeout, summary, body = std::move(body)](uint64_t seq) {
-        return run_job(work, title, seq, timeout, summary, body);
+  const uint64_t seq = queue.push(
+      [this, &transport, work, title, timeout, summary, body = std::move(body)](uint64_t seq) {
+        return run_job(transport, work, title, seq, timeout, summary, body);
       },
       std::move(cancel));
-  if (messenger_) messenger_->monitor().op_issued(seq);
+  // Sequence numbers in the status are the collectives'; each lane counts its own.
+  if (&queue == &queue_) messenger_->monitor().op_issued(seq);
   return work;
 }
 
-OpQueue::Finish ProcessGroupGrpc::run_job(const c10::intrusive_ptr<GrpcWork>& work, const char* title,
-                                          uint64_t seq, std::chrono::milliseconds timeout, const OpSummary& summary,
-                                          const Body& body) {
-  GroupMonitor& monitor = messenger_->monitor();
+OpQueue::Finish ProcessGroupGrpc::run_job(GroupTransport& transport, const c10::intrusive_ptr<GrpcWork>& work,
+                                          const char* title, uint64_t seq, std::chrono::milliseconds timeout,
+                                          const OpSummary& summary, const Body& body) {
+  GroupMonitor& monitor = transport.monitor();
   monitor.op_started(seq, std::string(title).substr(std::string(title).rfind(':') + 1), summary.dtype, summary.count);
   std::string error;
   std::string group_reason;  // what the group had failed of before this job ran
@@ -336,7 +362,10 @@ OpQueue::Cancelled ProcessGroupGrpc::enter_failed(const std::string& reason) {
   // The transport sends its first failure to every peer, so that none waits
   // out its timeout for this rank.
   messenger_->fail(reason);
-  return queue_.close(failed_text(reason));
+  p2p_->fail(reason);
+  OpQueue::Cancelled cancelled = queue_.close(failed_text(reason));
+  for (auto& cancel : lanes_.close(failed_text(reason))) cancelled.push_back(std::move(cancel));
+  return cancelled;
 }
 
 std::string ProcessGroupGrpc::unusable_reason() const {
@@ -355,9 +384,11 @@ void ProcessGroupGrpc::shutdown() {
   if (!messenger_) return;
   const std::string reason = unusable_reason();
   bool running = false;
+  bool lane_running = false;
   OpQueue::Cancelled cancelled = queue_.close(reason, &running);
+  for (auto& cancel : lanes_.close(reason, &lane_running)) cancelled.push_back(std::move(cancel));
   // A job waiting for a peer wakes now rather than at its timeout.
-  if (running) {
+  if (running || lane_running) {
     try {
       messenger_->fail(reason);
     } catch (...) {
@@ -369,11 +400,26 @@ void ProcessGroupGrpc::shutdown() {
     } catch (...) {
     }
   }
+  const auto grace_end = std::chrono::steady_clock::now() + kRunGrace;
   queue_.wait_run_over(kRunGrace);
+  lanes_.wait_run_over(
+      std::max(std::chrono::duration_cast<std::chrono::milliseconds>(grace_end - std::chrono::steady_clock::now()),
+               std::chrono::milliseconds(0)));
+  // Both transports at once, so that destroy stays within one close timeout.
+  const auto close = [](const std::shared_ptr<GroupTransport>& transport) {
+    try {
+      if (transport) transport->shut_down();
+    } catch (...) {
+    }
+  };
+  std::future<void> p2p_closed;
   try {
-    messenger_->shut_down();
+    p2p_closed = std::async(std::launch::async, close, p2p_);
   } catch (...) {
+    close(p2p_);  // no thread to spare: one after the other
   }
+  close(messenger_);
+  if (p2p_closed.valid()) p2p_closed.wait();
 }
 
 void ProcessGroupGrpc::abort() {

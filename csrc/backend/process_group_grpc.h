@@ -7,14 +7,18 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "algorithms/collective.h"
+#include "algorithms/collectives.h"
 #include "backend/group_state.h"
 #include "backend/grpc_work.h"
+#include "backend/host_staging.h"
 #include "backend/op_queue.h"
+#include "backend/p2p_lanes.h"
 #include "transport/group_transport.h"
 #include "transport/transport_config.h"
 
@@ -86,6 +90,24 @@ class ProcessGroupGrpc : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override;
 
+  // Coalesced forms: one collective per tensor, issued together; jobs run in
+  // order, so the Work returned (the last one's) completes after all of them.
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override;
+  // Ops issued between these run as they are issued; endCoalescing's Work
+  // completes once all of them have.
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+
+  // Point-to-point, on streams and threads apart from the collectives' (p2p_lanes.h).
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+
   // Destroyed: fails queued and running work, then closes the transport;
   // bounded, and safe to call more than once and from any thread.
   void shutdown() override;
@@ -100,6 +122,16 @@ class ProcessGroupGrpc : public c10d::Backend {
                                          const std::vector<at::Tensor>& inputs,
                                          std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
                                          Body body);
+  // The same on any queue: the collectives' or a point-to-point lane, whose
+  // ops `transport` records.
+  c10::intrusive_ptr<c10d::Work> issue(OpQueue& queue, GroupTransport& transport,
+                                       const c10::intrusive_ptr<GrpcWork>& work, const char* title,
+                                       const std::vector<at::Tensor>& inputs, std::chrono::milliseconds timeout,
+                                       Body body);
+  // Point-to-point helpers (p2p_calls.cc).
+  void check_peer(int peer, const std::string& where, const char* role) const;
+  // Takes the next message from `src` into `stage`; source_lock(src) held.
+  void receive_message(int src, int tag, const std::string& where, HostStage& stage, std::chrono::milliseconds timeout);
   Collective collective(OpType op, uint64_t seq, DType dtype, uint64_t count,
                         std::chrono::milliseconds timeout, std::shared_ptr<void> keepalive,
                         uint32_t root = 0, std::optional<Reduction> reduction = std::nullopt);
@@ -111,8 +143,10 @@ class ProcessGroupGrpc : public c10d::Backend {
                                                        const std::vector<at::Tensor>& inputs,
                                                        const c10d::ReduceScatterOptions& opts,
                                                        const std::string& where);
-  // alltoall of equal blocks between packed host tensors; `unpack` writes results out.
-  c10::intrusive_ptr<c10d::Work> alltoall_packed(at::Tensor in, at::Tensor out, const std::vector<at::Tensor>& inputs,
+  // alltoall between packed host tensors: block `send[j]` of `in` goes to rank
+  // j, block `recv[i]` of `out` comes from rank i; `unpack` writes results out.
+  c10::intrusive_ptr<c10d::Work> alltoall_packed(at::Tensor in, std::vector<Block> send, at::Tensor out,
+                                                 std::vector<Block> recv, const std::vector<at::Tensor>& inputs,
                                                  std::vector<at::Tensor> outputs, const c10d::AllToAllOptions& opts,
                                                  const std::string& where, std::function<void(const at::Tensor&)> unpack);
   void rendezvous(const c10::intrusive_ptr<c10d::Store>& store);
@@ -127,8 +161,8 @@ class ProcessGroupGrpc : public c10d::Backend {
     std::string dtype;  // of the first input
     uint64_t count;     // its elements
   };
-  OpQueue::Finish run_job(const c10::intrusive_ptr<GrpcWork>& work, const char* title, uint64_t seq,
-                          std::chrono::milliseconds timeout, const OpSummary& summary, const Body& body);
+  OpQueue::Finish run_job(GroupTransport& transport, const c10::intrusive_ptr<GrpcWork>& work, const char* title,
+                          uint64_t seq, std::chrono::milliseconds timeout, const OpSummary& summary, const Body& body);
   // Ready -> Failed(reason). Only the first call acts: it fails the transport,
   // tells peers if the transport did not know yet, and closes the queue. The
   // queued jobs' cancellations come back, to be run outside the run part.
@@ -140,9 +174,16 @@ class ProcessGroupGrpc : public c10d::Backend {
   // The group's default op timeout; setTimeout() may change it while jobs run.
   std::atomic<std::chrono::milliseconds::rep> timeout_ms_{0};
   GroupState state_;
-  std::unique_ptr<GroupTransport> messenger_;
-  // Last: destroyed first, so its worker has left every job that uses the
-  // members above before they go.
+  // Shared with each other's failure listeners, which hold them weakly.
+  std::shared_ptr<GroupTransport> messenger_;
+  std::shared_ptr<GroupTransport> p2p_;  // point-to-point messages, on streams of their own
+  // Ops issued between startCoalescing and endCoalescing.
+  std::mutex coalescing_mutex_;
+  bool coalescing_ = false;
+  std::vector<c10::intrusive_ptr<c10::ivalue::Future>> coalesced_;
+  // Last: destroyed first, so their workers have left every job that uses
+  // the members above before they go.
+  P2PLanes lanes_;
   OpQueue queue_;
 };
 

@@ -155,6 +155,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::_reduce_scatter_base(at::Tensor
   return reduce_scatter_packed(private_cpu_copy(input), output, {input}, opts, where);
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  const std::string where = this->where("reduce_scatter_tensor_coalesced");
+  TORCH_CHECK(outputs.size() == inputs.size(), where, ": got ", inputs.size(), " inputs but ", outputs.size(),
+              " outputs.");
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (size_t i = 0; i < inputs.size(); ++i) works.push_back(_reduce_scatter_base(outputs[i], inputs[i], opts));
+  // Jobs run in order, so the last one completing means all have.
+  return works.empty() ? barrier(c10d::BarrierOptions()) : works.back();
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::reduce_scatter_packed(at::Tensor packed, at::Tensor output,
                                                                        const std::vector<at::Tensor>& inputs,
                                                                        const c10d::ReduceScatterOptions& opts,
@@ -174,6 +185,52 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::reduce_scatter_packed(at::Tenso
                  });
 }
 
+namespace {
+
+// Splits along dim 0, as torch's all_to_all_single: `splits` gives rows per
+// rank (empty: equal), each row `row` elements. Returns each rank's block.
+std::vector<Block> split_blocks(const std::vector<int64_t>& splits, int64_t rows, int64_t row, int world,
+                                const std::string& where, const char* which) {
+  std::vector<int64_t> counts = splits;
+  if (counts.empty()) {
+    TORCH_CHECK(rows % world == 0, where, ": the ", which, " has ", rows, " rows along dim 0, which do not split "
+                "evenly over ", world, " ranks; pass ", which, "_split_sizes.");
+    counts.assign(world, rows / world);
+  }
+  TORCH_CHECK(static_cast<int>(counts.size()) == world, where, ": ", which, "_split_sizes has ", counts.size(),
+              " entries; it needs one per rank (", world, ").");
+  std::vector<Block> blocks;
+  blocks.reserve(world);
+  int64_t offset = 0;
+  for (int64_t count : counts) {
+    TORCH_CHECK(count >= 0, where, ": ", which, "_split_sizes holds a negative size (", count, ").");
+    blocks.push_back({static_cast<uint64_t>(offset * row), static_cast<uint64_t>(count * row)});
+    offset += count;
+  }
+  TORCH_CHECK(offset == rows, where, ": ", which, "_split_sizes add up to ", offset, " rows, but the ", which,
+              " has ", rows, " along dim 0.");
+  return blocks;
+}
+
+// Back-to-back blocks of the given tensors' sizes.
+std::vector<Block> blocks_of(const std::vector<at::Tensor>& tensors) {
+  std::vector<Block> blocks;
+  uint64_t offset = 0;
+  for (const auto& t : tensors) {
+    blocks.push_back({offset, static_cast<uint64_t>(t.numel())});
+    offset += static_cast<uint64_t>(t.numel());
+  }
+  return blocks;
+}
+
+int64_t row_elements(const at::Tensor& t) {
+  int64_t row = 1;
+  for (int64_t d = 1; d < t.dim(); ++d) row *= t.size(d);
+  return row;
+}
+
+}  // namespace
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                                std::vector<int64_t>& output_split_sizes,
                                                                std::vector<int64_t>& input_split_sizes,
@@ -181,22 +238,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::alltoall_base(at::Tensor& outpu
   const std::string where = this->where("alltoall_base");
   check_dense(input, where);
   check_dense(output, where);
-  TORCH_CHECK(input.scalar_type() == output.scalar_type() && input.numel() == output.numel(), where,
-              ": input and output must have the same dtype and size.");
-  TORCH_CHECK(input.numel() % size_ == 0 || input.numel() == 0, where, ": ", input.numel(),
-              " elements do not split evenly over ", size_, " ranks.");
-  const int64_t block = input.numel() / size_;
-  auto even = [&](const std::vector<int64_t>& splits) {
-    for (int64_t s : splits) {
-      if (s * (input.dim() > 0 ? input.numel() / std::max<int64_t>(1, input.size(0)) : 1) != block) return false;
-    }
-    return splits.empty() || static_cast<int>(splits.size()) == size_;
-  };
-  TORCH_CHECK(even(input_split_sizes) && even(output_split_sizes), where,
-              ": uneven split sizes are not supported by the grpc backend yet; pass equal splits.");
-  at::Tensor out = at::empty({input.numel()}, input.options().device(at::kCPU));
-  return alltoall_packed(private_cpu_copy(input), out, {input}, {output}, opts, where,
-                         [output](const at::Tensor& result) mutable { copy_into(output, result); });
+  TORCH_CHECK(input.scalar_type() == output.scalar_type(), where, ": input dtype ", input.scalar_type(),
+              " differs from output dtype ", output.scalar_type(), ".");
+  const auto rows = [](const at::Tensor& t) { return t.dim() == 0 ? int64_t{1} : t.size(0); };
+  TORCH_CHECK(row_elements(input) == row_elements(output), where, ": input rows of ", row_elements(input),
+              " elements differ from output rows of ", row_elements(output), ".");
+  std::vector<Block> send =
+      split_blocks(input_split_sizes, rows(input), row_elements(input), size_, where, "input");
+  std::vector<Block> recv =
+      split_blocks(output_split_sizes, rows(output), row_elements(output), size_, where, "output");
+  at::Tensor out = at::empty({output.numel()}, output.options().device(at::kCPU));
+  return alltoall_packed(private_cpu_copy(input), std::move(send), out, std::move(recv), {input}, {output}, opts,
+                         where, [output](const at::Tensor& result) mutable { copy_into(output, result.view_as(output)); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::alltoall(std::vector<at::Tensor>& outputs,
@@ -208,29 +261,39 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::alltoall(std::vector<at::Tensor
   for (size_t i = 0; i < inputs.size(); ++i) {
     check_dense(inputs[i], where);
     check_dense(outputs[i], where);
-    check_same_kind(inputs[0], inputs[i], where, "input tensor (uneven sizes are not supported yet)");
-    check_same_kind(inputs[0], outputs[i], where, "output tensor");
+    TORCH_CHECK(inputs[i].scalar_type() == inputs[0].scalar_type() &&
+                    outputs[i].scalar_type() == inputs[0].scalar_type(),
+                where, ": every input and output tensor must have one dtype; got ", inputs[0].scalar_type(), " and ",
+                (inputs[i].scalar_type() != inputs[0].scalar_type() ? inputs[i] : outputs[i]).scalar_type(), ".");
   }
-  at::Tensor out = at::empty({size_ * inputs[0].numel()}, inputs[0].options().device(at::kCPU));
-  const int64_t n = inputs[0].numel();
-  return alltoall_packed(pack(inputs), out, inputs, outputs, opts, where,
-                         [outputs, n](const at::Tensor& result) mutable {
-                           for (size_t r = 0; r < outputs.size(); ++r) copy_into(outputs[r], result.narrow(0, r * n, n));
+  std::vector<Block> send = blocks_of(inputs);
+  std::vector<Block> recv = blocks_of(outputs);
+  const uint64_t total_out = recv.back().offset + recv.back().count;
+  at::Tensor out = at::empty({static_cast<int64_t>(total_out)}, inputs[0].options().device(at::kCPU));
+  return alltoall_packed(pack(inputs), send, out, recv, inputs, outputs, opts, where,
+                         [outputs, recv](const at::Tensor& result) mutable {
+                           for (size_t r = 0; r < outputs.size(); ++r) {
+                             copy_into(outputs[r], result.narrow(0, static_cast<int64_t>(recv[r].offset),
+                                                                 static_cast<int64_t>(recv[r].count))
+                                                       .view_as(outputs[r]));
+                           }
                          });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::alltoall_packed(at::Tensor in, at::Tensor out,
+c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::alltoall_packed(at::Tensor in, std::vector<Block> send,
+                                                                 at::Tensor out, std::vector<Block> recv,
                                                                  const std::vector<at::Tensor>& inputs,
                                                                  std::vector<at::Tensor> outputs,
                                                                  const c10d::AllToAllOptions& opts,
                                                                  const std::string& where,
                                                                  std::function<void(const at::Tensor&)> unpack) {
   const DType dtype = to_dtype(in.scalar_type(), where);
-  const auto n = static_cast<uint64_t>(in.numel() / size_);
+  const auto total = static_cast<uint64_t>(in.numel());
   return enqueue(c10d::OpType::ALLTOALL, "grpc:all_to_all", inputs, std::move(outputs), timeout_of(opts.timeout),
-                 [this, in, out, dtype, n, unpack = std::move(unpack)](uint64_t seq, std::chrono::milliseconds timeout) {
-                   Collective c = collective(OpType::Alltoall, seq, dtype, n, timeout, keep_alive({in}));
-                   tgpg::alltoall(c, bytes_of(in), bytes_of(out));
+                 [this, in, out, send = std::move(send), recv = std::move(recv), dtype, total,
+                  unpack = std::move(unpack)](uint64_t seq, std::chrono::milliseconds timeout) {
+                   Collective c = collective(OpType::Alltoall, seq, dtype, total, timeout, keep_alive({in}));
+                   tgpg::alltoallv(c, bytes_of(in), send, bytes_of(out), recv);
                    c.wait_sends_released();
                    unpack(out);
                  });

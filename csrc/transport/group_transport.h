@@ -4,6 +4,7 @@
 // nor protobuf, so that translation units compiled against torch's headers
 // (which ship their own protobuf) never meet the system's.
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,6 +36,15 @@ class GroupTransport : public Messenger {
   virtual void fail(const std::string& reason) = 0;
   virtual bool failed() const = 0;
   virtual std::string failure() const = 0;
+  // Also runs on the first failure, after peers have been told: a group with
+  // two transports (collectives, point-to-point) fails both together.
+  // Add listeners before the group's address is published.
+  virtual void add_failure_listener(std::function<void(const std::string&)> listener) = 0;
+
+  // For receives from any source: a peer whose next frame has arrived, and
+  // whether one has. Throw as recv() does.
+  virtual int wait_any_source(Deadline deadline) = 0;
+  virtual bool has_frame(int src) const = 0;
   // Closes every stream, all at once and within about a second; the group
   // cannot be used afterwards.
   virtual void shut_down() = 0;

@@ -42,12 +42,23 @@ GrpcMessenger::GrpcMessenger(const TransportConfig& config, std::string group_ke
     server_->refresh_health();
     write_flight_record();
     abort_peers(reason);
+    std::vector<std::function<void(const std::string&)>> listeners;
+    {
+      std::lock_guard<std::mutex> lock(listeners_mutex_);
+      listeners = failure_listeners_;
+    }
+    for (const auto& listener : listeners) listener(reason);
   });
   server_->register_group(group_key_, rank_, world_, config.max_payload_bytes, config.group_settings, mailbox_,
                           monitor_);
 }
 
 GrpcMessenger::~GrpcMessenger() { shut_down(); }
+
+void GrpcMessenger::add_failure_listener(std::function<void(const std::string&)> listener) {
+  std::lock_guard<std::mutex> lock(listeners_mutex_);
+  failure_listeners_.push_back(std::move(listener));
+}
 
 void GrpcMessenger::set_peer_endpoints(const std::vector<std::string>& endpoints) {
   peers_.clear();
@@ -142,6 +153,8 @@ ReceivedFrame GrpcMessenger::recv(int src, Deadline deadline) {
 
 void GrpcMessenger::write_flight_record() const {
   if (config_.flight_recorder_dir.empty()) return;
+  // Nothing to show: a group's point-to-point channel that never carried a message.
+  if (monitor_->snapshot().recent.empty()) return;
   std::string name = group_key_;
   for (char& c : name) {
     if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -38,6 +39,9 @@ class GrpcMessenger : public GroupTransport {
   void fail(const std::string& reason) override;
   bool failed() const override { return mailbox_->failed(); }
   std::string failure() const override { return mailbox_->failure(); }
+  void add_failure_listener(std::function<void(const std::string&)> listener) override;
+  int wait_any_source(Deadline deadline) override { return mailbox_->wait_any(deadline); }
+  bool has_frame(int src) const override { return mailbox_->has_frame(src); }
   void shut_down() override;
 
  private:
@@ -62,6 +66,8 @@ class GrpcMessenger : public GroupTransport {
   std::mutex links_mutex_;
   std::vector<std::shared_ptr<PeerLink>> links_;
   bool shut_down_ = false;
+  std::mutex listeners_mutex_;
+  std::vector<std::function<void(const std::string&)>> failure_listeners_;
 };
 
 }  // namespace tgpg

@@ -100,6 +100,31 @@ ReceivedFrame Mailbox::take(int src, Deadline deadline) {
   return frame;
 }
 
+int Mailbox::wait_any(Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  int found = -1;
+  const bool ready = arrived_.wait_until(lock, deadline, [&] {
+    if (!failure_.empty()) return true;
+    for (size_t i = 0; i < sources_.size(); ++i) {
+      const size_t src = (next_any_ + i) % sources_.size();
+      if (!sources_[src].frames.empty()) {
+        found = static_cast<int>(src);
+        return true;
+      }
+    }
+    return false;
+  });
+  if (!failure_.empty()) throw CollectiveError(failure_);
+  if (!ready) throw PeerTimeout("timed out");
+  next_any_ = (static_cast<size_t>(found) + 1) % sources_.size();
+  return found;
+}
+
+bool Mailbox::has_frame(int src) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !sources_.at(src).frames.empty();
+}
+
 bool Mailbox::failed() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return !failure_.empty();

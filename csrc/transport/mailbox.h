@@ -47,6 +47,10 @@ class Mailbox {
   // Worker side: the next frame from `src`. Throws CollectiveError (PeerTimeout
   // at the deadline).
   ReceivedFrame take(int src, Deadline deadline);
+  // Worker side, for receives from any source: a peer with a frame queued,
+  // taking turns among peers. Throws as take() does.
+  int wait_any(Deadline deadline);
+  bool has_frame(int src) const;
 
   bool failed() const;
   std::string failure() const;
@@ -70,6 +74,7 @@ class Mailbox {
   std::vector<Source> sources_;
   std::string failure_;
   bool shut_down_ = false;
+  size_t next_any_ = 0;  // where wait_any starts looking, so no peer is starved
 };
 
 }  // namespace tgpg

@@ -36,6 +36,7 @@ torch_grpc_pg::FrameHeader to_proto(const FrameHeader& h) {
   p.set_root(h.root);
   p.set_reduction(h.reduction);
   p.set_schedule(h.schedule);
+  p.set_tag(h.tag);
   p.set_error(h.error);
   return p;
 }
@@ -60,6 +61,7 @@ FrameHeader from_proto(const torch_grpc_pg::FrameHeader& p) {
   h.root = p.root();
   h.reduction = p.reduction();
   h.schedule = p.schedule();
+  h.tag = p.tag();
   h.error = p.error();
   return h;
 }
