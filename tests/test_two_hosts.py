@@ -64,6 +64,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Job]]:
     reason = launch.unavailable_reason()
     if reason is not None:
         pytest.skip(f"two-host test: {reason}")
+    launch.remove_stale()
     out = tmp_path_factory.mktemp("two_hosts")
     with launch.two_hosts(launch.unique_name()) as hosts:
         yield {

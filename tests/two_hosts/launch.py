@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 import time
@@ -73,6 +74,27 @@ def unavailable_reason() -> str | None:
 def unique_name(prefix: str = "tgpg") -> str:
     """A namespace-pair name no other run uses at the same time."""
     return f"{prefix}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def remove_stale(prefix: str = "tgpg") -> list[str]:
+    """Delete pairs named by unique_name() whose process is gone (killed before its
+    cleanup ran); the names deleted."""
+    listed = subprocess.run(
+        ["ip", "netns", "list"],
+        capture_output=True,
+        text=True,
+        timeout=NETNS_TIMEOUT_S,
+        check=True,
+    ).stdout
+    pattern = re.compile(rf"^({re.escape(prefix)}-(\d+)-[0-9a-f]{{6}})-a\b")
+    stale = [
+        m.group(1)
+        for m in map(pattern.match, listed.splitlines())
+        if m and not psutil.pid_exists(int(m.group(2)))
+    ]
+    for name in stale:
+        netns("down", name)
+    return stale
 
 
 @contextmanager
