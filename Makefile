@@ -109,3 +109,21 @@ tsan: $(CPP_TEST_STAMP)
 
 fuzz: $(CPP_TEST_STAMP)
 	$(CPP_TESTS) VARIANT=fuzz fuzz FUZZ_SECONDS=$(FUZZ_SECONDS)
+
+# Two "hosts" on this machine: network namespaces $(NETNS_NAME)-a (10.77.0.1) and
+# $(NETNS_NAME)-b (10.77.0.2) joined by a veth pair (tests/two_hosts/netns.sh; needs root).
+# tests/test_two_hosts.py makes its own pair under a name of its own, and skips without root.
+#   make netns-up                     create the pair (replacing one of that name)
+#   make netns-down                   delete it
+#   make bench-two-hosts              grpc vs gloo allreduce over the link shaped to 1 and 5 Gbit/s
+NETNS_NAME ?= tgpg
+.PHONY: netns-up netns-down bench-two-hosts
+
+netns-up:
+	bash tests/two_hosts/netns.sh up $(NETNS_NAME)
+
+netns-down:
+	bash tests/two_hosts/netns.sh down $(NETNS_NAME)
+
+bench-two-hosts: build
+	$(PY) benchmarks/two_hosts.py $(BENCH_ARGS)

@@ -1,0 +1,226 @@
+"""Allreduce bus bandwidth of grpc and gloo between two "hosts" over a rate-limited link.
+
+    .venv/bin/python benchmarks/two_hosts.py                  # needs root and ip netns
+    .venv/bin/python benchmarks/two_hosts.py --rates 1gbit --sizes 64M --runs 5
+
+Two network namespaces joined by a veth pair (tests/two_hosts/netns.sh) stand for two
+machines; `tc tbf` limits each direction of the link to the given rate. Each run is one
+`torchrun --nnodes 2 --nproc-per-node 2` job across them that times both backends in the
+same processes, sample by sample in turn (benchmarks/collectives.py's measurement). With
+ranks 0,1 on one host and 2,3 on the other, a ring allreduce sends the same bytes over
+each direction of the link as over every other hop, so its bus bandwidth can reach the
+link rate: the table gives it as a fraction of that rate. Medians over the runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "two_hosts"))
+
+import launch
+import torch
+import torch.distributed as dist
+from _args import parse_list, parse_sizes
+from _collective_ops import Case, actual_bytes
+from _report import (
+    Column,
+    OtherLoad,
+    Row,
+    fmt_bytes,
+    fmt_num,
+    fmt_ratio,
+    format_table,
+    machine_info,
+    other_load_note,
+    write_outputs,
+)
+from _spawn import RankContext
+from collectives import _run_point
+
+from torch_grpc_pg._ports import free_port
+
+BACKENDS = ("grpc", "gloo")
+REFERENCE = "gloo"
+REPO_ROOT = launch.REPO_ROOT
+
+
+# ---------------------------------------------------------------- inside the ranks
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One torchrun rank: every size on both backends; rank 0 writes the rows."""
+    warnings.filterwarnings(
+        "ignore", category=FutureWarning, module="torch.distributed"
+    )
+    torch.set_num_threads(1)
+    timeout = datetime.timedelta(seconds=args.timeout)
+    # The default group only coordinates (barriers, the slowest rank's times).
+    dist.init_process_group("gloo", timeout=timeout)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    payload = {"warmup": args.warmup, "iters": None, "min_time": args.min_time}
+    ctx = RankContext(rank, world, torch.device("cpu"), payload, timeout, None)
+    groups = {b: ctx.new_group(b) for b in BACKENDS}
+    rows: list[Row] = []
+    for size in args.sizes:
+        nbytes = actual_bytes("allreduce", "float32", size, world)
+        cases = [Case("allreduce", "float32", nbytes, world, b) for b in BACKENDS]
+        rows += _run_point(ctx, cases, groups)
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank == 0:
+        args.out.write_text(json.dumps(rows))
+
+
+# ---------------------------------------------------------------- parent
+
+
+def rate_bytes_per_s(rate: str) -> float:
+    units = {"gbit": 1e9, "mbit": 1e6}
+    for suffix, scale in units.items():
+        if rate.endswith(suffix):
+            return float(rate[: -len(suffix)]) * scale / 8
+    raise ValueError(f"rate {rate!r}: use e.g. 500mbit or 1gbit")
+
+
+def run_rate(
+    hosts: tuple[launch.Host, launch.Host], rate: str, args: argparse.Namespace
+) -> list[Row]:
+    """``args.runs`` jobs on the link shaped to ``rate``; every backend's row of each."""
+    launch.netns("shape", hosts[0].netns[:-2], rate)
+    rows: list[Row] = []
+    for run in range(args.runs):
+        with tempfile.TemporaryDirectory(prefix="two-hosts-bench-") as tmp:
+            out = Path(tmp) / "rows.json"
+            script = [
+                str(Path(__file__).resolve()),
+                "--worker",
+                "--out", str(out),
+                "--sizes", ",".join(map(str, args.sizes)),
+                "--warmup", str(args.warmup),
+                "--min-time", str(args.min_time),
+                "--timeout", str(args.timeout),
+            ]  # fmt: skip
+            launch.run_pair(
+                hosts, script, free_port(), args.timeout, Path(tmp), launch.GLOO_ENV
+            )
+            for row in json.loads(out.read_text()):
+                rows.append({**row, "rate": rate, "run": run})
+                busbw = row.get("busbw_gbps")
+                print(
+                    f"{rate} run {run + 1}/{args.runs} {fmt_bytes(row['bytes'])} "
+                    f"{row['backend']}: {row['status']}"
+                    + (f", busbw {busbw:.3f} GB/s" if busbw else ""),
+                    file=sys.stderr,
+                )
+    return rows
+
+
+def summarize(rows: list[Row]) -> list[Row]:
+    """Per rate, size and backend: the median over runs, as GB/s and as a share of the link."""
+    groups: dict[tuple[str, int, str], list[float]] = {}
+    for row in rows:
+        if row["status"] == "ok":
+            key = (row["rate"], row["bytes"], row["backend"])
+            groups.setdefault(key, []).append(row["busbw_gbps"])
+    table: list[Row] = []
+    for (rate, nbytes, backend), values in groups.items():
+        median = statistics.median(values)
+        table.append(
+            {
+                "rate": rate,
+                "bytes": nbytes,
+                "backend": backend,
+                "busbw_gbps": median,
+                "link_frac": median * 1e9 / rate_bytes_per_s(rate),
+                "runs": " ".join(f"{v:.3f}" for v in values),
+            }
+        )
+    for row in table:
+        ref = next(
+            r
+            for r in table
+            if (r["rate"], r["bytes"], r["backend"])
+            == (row["rate"], row["bytes"], REFERENCE)
+        )
+        if row["backend"] != REFERENCE:
+            row["ratio"] = row["busbw_gbps"] / ref["busbw_gbps"]
+    return table
+
+
+TABLE = [
+    Column("link", "rate"),
+    Column("size", "bytes", fmt_bytes),
+    Column("backend", "backend"),
+    Column("busbw GB/s", "busbw_gbps", fmt_num(3)),
+    Column("of link", "link_frac", fmt_num(2)),
+    Column("vs gloo", "ratio", fmt_ratio),
+    Column("each run", "runs"),
+]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rates", type=parse_list, default=["1gbit", "5gbit"])
+    parser.add_argument("--sizes", type=parse_sizes, default=parse_sizes("1M,64M"))
+    parser.add_argument("--runs", type=int, default=3, help="jobs per rate")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument(
+        "--min-time", type=float, default=2.0, help="seconds of samples per size"
+    )
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per job")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "out")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+    if reason := launch.unavailable_reason():
+        print(f"two_hosts: {reason}", file=sys.stderr)
+        return 1
+    for rate in args.rates:
+        rate_bytes_per_s(rate)
+    machine = {**machine_info(), "kernel": platform.release()}
+    other_load = OtherLoad()
+    started = time.monotonic()
+    rows: list[Row] = []
+    with launch.two_hosts(launch.unique_name("tgpg-bench")) as hosts:
+        for rate in args.rates:
+            rows += run_rate(hosts, rate, args)
+    table = summarize(rows)
+    machine["during_run"] = other_load.finish()
+    print(format_table(table, TABLE))
+    print(f"\n{machine['cpu']}, {machine['cpu_count']} CPUs, Linux {machine['kernel']}")
+    print(f"CPUs {machine['cpu_busy_percent']:.0f}% busy before the run")
+    if note := other_load_note(machine["during_run"]):
+        print(f"note: {note}")
+    meta: dict[str, Any] = {
+        "machine": machine,
+        "args": {k: str(v) for k, v in vars(args).items() if k != "worker"},
+        "command": " ".join([os.path.relpath(sys.argv[0], REPO_ROOT), *sys.argv[1:]]),
+        "elapsed_s": time.monotonic() - started,
+    }
+    paths = write_outputs(args.out, "two_hosts", meta, {"rows": rows, "summary": table})
+    print(f"wrote {', '.join(str(p) for p in paths)} in {meta['elapsed_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""DDP across two "hosts": torchrun --nnodes 2 --nproc-per-node 2 in two network namespaces.
+
+The grpc job gets nothing but torchrun's flags: no address to advertise and no unix-socket
+setting, so the backend itself must pick the interface that reaches the other host and
+must not take the unix-socket shortcut to a rank in the other namespace. Its trained
+parameters must equal gloo's, from the same training across the same namespaces, and a
+float64 replay of the training in one process. Needs root and ``ip netns``; skipped
+otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "two_hosts"))
+
+import ddp_train
+import launch
+
+from torch_grpc_pg._ports import free_port
+
+pytestmark = pytest.mark.timeout(600)
+
+WORLD = 2 * launch.NPROC_PER_NODE
+JOB_TIMEOUT_S = 180.0
+# Float64 training; the backends and the replay differ only in summation order, ~1e-17
+# here, while training moves parameters by ~1e-2.
+TOL = {"rtol": 0.0, "atol": 1e-12}
+
+
+@dataclass
+class Job:
+    ranks: list[dict[str, Any]]  # what each rank saved, by rank
+    link_bytes: tuple[int, int]  # sent each way over the link during the job
+
+
+def _run(
+    hosts: tuple[launch.Host, launch.Host],
+    backend: str,
+    out: Path,
+    extra_env: dict[str, str] | None = None,
+) -> Job:
+    before = [launch.link_tx_bytes(h) for h in hosts]
+    script = [str(Path(ddp_train.__file__)), "--backend", backend, "--out", str(out)]
+    launch.run_pair(hosts, script, free_port(), JOB_TIMEOUT_S, out, extra_env)
+    sent = [launch.link_tx_bytes(h) - b for h, b in zip(hosts, before)]
+    ranks = [
+        torch.load(out / f"{backend}-rank{rank}.pt", weights_only=True)
+        for rank in range(WORLD)
+    ]
+    return Job(ranks, (sent[0], sent[1]))
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Job]]:
+    reason = launch.unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"two-host test: {reason}")
+    launch.remove_stale()
+    out = tmp_path_factory.mktemp("two_hosts")
+    with launch.two_hosts(launch.unique_name()) as hosts:
+        yield {
+            "grpc": _run(hosts, "grpc", out),
+            "gloo": _run(hosts, "gloo", out, launch.GLOO_ENV),
+        }
+
+
+def _param_bytes() -> int:
+    return sum(
+        p.numel() * p.element_size() for p in ddp_train.initial_model(0).parameters()
+    )
+
+
+@pytest.mark.parametrize("backend", ["grpc", "gloo"])
+def test_two_ranks_in_each_of_two_namespaces(
+    jobs: dict[str, Job], backend: str
+) -> None:
+    here = os.stat("/proc/self/ns/net").st_ino
+    per_netns: dict[int, list[int]] = {}
+    for saved in jobs[backend].ranks:
+        assert saved["world"] == WORLD
+        per_netns.setdefault(saved["netns"], []).append(saved["rank"])
+    assert here not in per_netns
+    assert sorted(map(len, per_netns.values())) == [2, 2], per_netns
+
+
+def test_grpc_traffic_crossed_the_link(jobs: dict[str, Job]) -> None:
+    # Each host must learn the other's gradients every step, at least their size each
+    # way; ranks that reached the other namespace by a unix socket would send far less.
+    least = ddp_train.STEPS * _param_bytes()
+    assert min(jobs["grpc"].link_bytes) >= least, (jobs["grpc"].link_bytes, least)
+
+
+def test_grpc_equals_gloo_on_every_rank(jobs: dict[str, Job]) -> None:
+    for grpc_rank, gloo_rank in zip(jobs["grpc"].ranks, jobs["gloo"].ranks):
+        for name, value in gloo_rank["params"].items():
+            torch.testing.assert_close(grpc_rank["params"][name], value, **TOL)
+
+
+@pytest.mark.parametrize("backend", ["grpc", "gloo"])
+def test_every_rank_equals_local_replay(jobs: dict[str, Job], backend: str) -> None:
+    replay = ddp_train.local_replay(WORLD)
+    start = ddp_train.initial_model(0).state_dict()
+    # Otherwise matching the replay would prove little.
+    assert any(not torch.allclose(replay[k], start[k], **TOL) for k in replay)
+    for saved in jobs[backend].ranks:
+        for name, value in replay.items():
+            torch.testing.assert_close(saved["params"][name], value, **TOL)

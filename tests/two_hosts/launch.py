@@ -1,0 +1,238 @@
+"""Two "hosts" as network namespaces (netns.sh), and torchrun across them.
+
+Shared by tests/test_two_hosts.py and benchmarks/two_hosts.py. Every subprocess runs
+under a timeout, and whatever a job leaves running is killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parent.parent
+NETNS_SH = HERE / "netns.sh"
+NPROC_PER_NODE = 2
+NETNS_TIMEOUT_S = 60.0
+PEER_FAILED_GRACE_S = 20.0
+
+# Settings that would let a job pass without the defaults under test: the address a
+# rank advertises and the unix-socket shortcut must both be found by the backend.
+_SCRUBBED = (
+    "TORCH_GRPC_PG_ADVERTISE_HOST",
+    "TORCH_GRPC_PG_BIND_HOST",
+    "TORCH_GRPC_PG_UNIX_SOCKETS",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+
+@dataclass(frozen=True)
+class Host:
+    netns: str
+    address: str
+
+
+def netns(*args: str, timeout_s: float = NETNS_TIMEOUT_S) -> str:
+    """Run netns.sh with ``args``; its stdout. CalledProcessError carries its stderr."""
+    done = subprocess.run(
+        ["bash", str(NETNS_SH), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=True,
+    )
+    return done.stdout
+
+
+def unavailable_reason() -> str | None:
+    """None if this machine can create network namespaces, else why not."""
+    if os.geteuid() != 0:
+        return "needs root to create network namespaces"
+    try:
+        netns("check")
+    except FileNotFoundError as exc:
+        return f"cannot run netns.sh: {exc}"
+    except subprocess.CalledProcessError as exc:
+        return f"cannot create network namespaces: {exc.stderr.strip() or exc}"
+    except subprocess.TimeoutExpired:
+        return "netns.sh check timed out"
+    return None
+
+
+def unique_name(prefix: str = "tgpg") -> str:
+    """A namespace-pair name no other run uses at the same time."""
+    return f"{prefix}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def remove_stale(prefix: str = "tgpg") -> list[str]:
+    """Delete pairs named by unique_name() whose process is gone (killed before its
+    cleanup ran); the names deleted."""
+    listed = subprocess.run(
+        ["ip", "netns", "list"],
+        capture_output=True,
+        text=True,
+        timeout=NETNS_TIMEOUT_S,
+        check=True,
+    ).stdout
+    pattern = re.compile(rf"^({re.escape(prefix)}-(\d+)-[0-9a-f]{{6}})-a\b")
+    stale = [
+        m.group(1)
+        for m in map(pattern.match, listed.splitlines())
+        if m and not psutil.pid_exists(int(m.group(2)))
+    ]
+    for name in stale:
+        netns("down", name)
+    return stale
+
+
+@contextmanager
+def two_hosts(name: str) -> Iterator[tuple[Host, Host]]:
+    """The pair ``name``, deleted on exit whatever happened inside."""
+    try:
+        lines = netns("up", name).split()
+        yield Host(lines[0], lines[1]), Host(lines[2], lines[3])
+    finally:
+        netns("down", name)
+
+
+def link_tx_bytes(host: Host) -> int:
+    """Bytes sent so far out of ``host``'s end of the link."""
+    done = subprocess.run(
+        [
+            "ip",
+            "netns",
+            "exec",
+            host.netns,
+            "cat",
+            "/sys/class/net/veth0/statistics/tx_bytes",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=NETNS_TIMEOUT_S,
+        check=True,
+    )
+    return int(done.stdout)
+
+
+# gloo finds its interface through the host name, which both namespaces resolve to
+# 127.0.0.1; it has to be told. The grpc backend must find it on its own.
+GLOO_ENV = {"GLOO_SOCKET_IFNAME": "veth0"}
+
+
+def worker_env() -> dict[str, str]:
+    """This environment with the repository importable and nothing pre-set for the backend."""
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED}
+    # Appended: an installed torch_grpc_pg wins over the checkout, as in the benchmarks.
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (env.get("PYTHONPATH", ""), str(REPO_ROOT)) if p
+    )
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def torchrun_command(
+    host: Host, store_host: Host, port: int, run_id: str, script: Sequence[str]
+) -> list[str]:
+    """torchrun on ``host`` for a 2-node job whose c10d rendezvous store is on ``store_host``.
+
+    ``is_host`` and ``--local-addr`` only stand in for DNS: both namespaces share the
+    machine's host name, which resolves to 127.0.0.1, so torchrun could not tell which
+    node hosts the store nor tell the other node where rank 0 is.
+    """
+    is_store = host == store_host
+    return [
+        "ip", "netns", "exec", host.netns,
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", "2",
+        "--nproc-per-node", str(NPROC_PER_NODE),
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"{store_host.address}:{port}",
+        "--rdzv-id", run_id,
+        "--rdzv-conf", f"is_host={int(is_store)},join_timeout=60",
+        "--local-addr", host.address,
+        "--max-restarts", "0",
+        *script,
+    ]  # fmt: skip
+
+
+class JobFailed(AssertionError):
+    pass
+
+
+def run_pair(
+    hosts: tuple[Host, Host],
+    script: Sequence[str],
+    port: int,
+    timeout_s: float,
+    log_dir: Path,
+    extra_env: dict[str, str] | None = None,
+) -> None:
+    """Run ``script`` (a Python file and its arguments) under torchrun on both hosts.
+
+    JobFailed, with the end of each failed node's log, if either node fails or the job
+    outlives ``timeout_s``. A node whose peer failed gets a short grace, not the full
+    timeout, to fail on its own.
+    """
+    run_id = uuid.uuid4().hex[:12]
+    env = {**worker_env(), **(extra_env or {})}
+    logs = [log_dir / f"torchrun-{host.netns}-{run_id}.log" for host in hosts]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for host, log in zip(hosts, logs):
+            with log.open("wb") as out:
+                procs.append(
+                    subprocess.Popen(
+                        torchrun_command(host, hosts[0], port, run_id, script),
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        cwd=REPO_ROOT,
+                    )
+                )
+        deadline = time.monotonic() + timeout_s
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            if any(p.poll() not in (None, 0) for p in procs):
+                deadline = min(deadline, time.monotonic() + PEER_FAILED_GRACE_S)
+            time.sleep(0.2)
+        failures = [
+            f"{log.name}: "
+            + ("timed out" if p.poll() is None else f"exit {p.returncode}")
+            + f"\n{_tail(log)}"
+            for p, log in zip(procs, logs)
+            if p.poll() != 0
+        ]
+        if failures:
+            raise JobFailed("\n\n".join(failures))
+    finally:
+        for proc in procs:
+            _kill_tree(proc.pid)
+
+
+def _kill_tree(pid: int) -> None:
+    # torchrun starts each worker in a session of its own, so only walking the tree
+    # reaches them all.
+    try:
+        root = psutil.Process(pid)
+        victims = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return
+    for victim in victims:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            victim.kill()
+    psutil.wait_procs(victims, timeout=NETNS_TIMEOUT_S)
+
+
+def _tail(log: Path, lines: int = 40) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
