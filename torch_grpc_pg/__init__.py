@@ -8,6 +8,8 @@ Importing this package registers the backend::
 
 from __future__ import annotations
 
+import copy
+import inspect
 import socket
 from typing import Any
 
@@ -55,7 +57,30 @@ def _default_addresses(store: Any) -> tuple[str, str]:
     return local, local
 
 
-def _create_backend(dist_options: Any, backend_options: Any) -> _C.ProcessGroupGrpc:
+def _grpc_devices() -> list[str] | None:
+    """The devices of the group being created, if it runs grpc alone on them all
+    ("grpc" or "cpu:grpc", not "cpu:grpc,cuda:nccl").
+
+    torch adopts a ProcessGroup that a creator returns and then registers no
+    other backend on it, so only such a group may get one. torch passes the
+    creator no backend map; it is read from torch's frame that calls the
+    creator. Where that fails, the group keeps torch's ProcessGroup, which
+    works the same and only names itself "custom".
+    """
+    frame = inspect.currentframe()
+    caller = frame.f_back.f_back if frame and frame.f_back else None
+    config = caller.f_locals.get("backend_config") if caller else None
+    if not isinstance(config, dist.distributed_c10d.BackendConfig):
+        return None
+    devices = config.get_device_backend_map()
+    if set(devices.values()) != {BACKEND_NAME}:
+        return None
+    return list(devices)
+
+
+def _create_backend(
+    dist_options: Any, backend_options: Any
+) -> _C.ProcessGroupGrpc | _C.GrpcProcessGroup:
     """Called by torch.distributed for every new process group that uses this backend."""
     if backend_options is None:
         options = Options()
@@ -70,7 +95,7 @@ def _create_backend(dist_options: Any, backend_options: Any) -> _C.ProcessGroupG
         bind_host, advertise_host = _default_addresses(dist_options.store)
         kwargs["bind_host"] = kwargs["bind_host"] or bind_host
         kwargs["advertise_host"] = kwargs["advertise_host"] or advertise_host
-    return _C.ProcessGroupGrpc(
+    backend = _C.ProcessGroupGrpc(
         dist_options.store,
         dist_options.group_rank,
         dist_options.group_size,
@@ -78,17 +103,41 @@ def _create_backend(dist_options: Any, backend_options: Any) -> _C.ProcessGroupG
         str(dist_options.group_id),
         **kwargs,
     )
+    _options_of_group[backend.group_key] = Options(**kwargs)
+    devices = _grpc_devices()
+    if devices is None:
+        return backend
+    return _C.GrpcProcessGroup(
+        dist_options.store,
+        dist_options.group_rank,
+        dist_options.group_size,
+        backend,
+        devices,
+    )
 
 
-def _register() -> None:
-    devices = (
+# What each group was created with, by group key: ``backend.options``, which
+# torch copies into the groups that split_group() makes from it.
+_options_of_group: dict[str, Options] = {}
+
+
+def _backend_options(backend: _C.ProcessGroupGrpc) -> Options:
+    return copy.deepcopy(_options_of_group[backend.group_key])
+
+
+def _devices() -> list[str]:
+    return (
         ["cpu", "cuda"]
         if torch.cuda.is_available() or torch.backends.cuda.is_built()
         else ["cpu"]
     )
+
+
+def _register() -> None:
+    _C.ProcessGroupGrpc.options = property(_backend_options)
     if BACKEND_NAME.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(
-            BACKEND_NAME, _create_backend, extended_api=True, devices=devices
+            BACKEND_NAME, _create_backend, extended_api=True, devices=_devices()
         )
 
 

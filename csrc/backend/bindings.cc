@@ -4,6 +4,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/utils/pybind.h>
 
+#include "backend/grpc_process_group.h"
 #include "backend/process_group_grpc.h"
 
 namespace py = pybind11;
@@ -81,4 +82,10 @@ PYBIND11_MODULE(_C, m) {
                              "the key that names this group instance in link handshakes (not a secret)")
       .def_property_readonly("unix_socket", &tgpg::ProcessGroupGrpc::unix_socket,
                              "path of the unix socket peers on this host use, or '' when off");
+
+  py::class_<tgpg::GrpcProcessGroup, c10d::ProcessGroup, c10::intrusive_ptr<tgpg::GrpcProcessGroup>>(
+      m, "GrpcProcessGroup", "A process group whose every device runs the grpc backend; its name() is 'grpc'.")
+      .def(py::init<const c10::intrusive_ptr<c10d::Store>&, int, int, const c10::intrusive_ptr<tgpg::ProcessGroupGrpc>&,
+                    const std::vector<std::string>&>(),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("backend"), py::arg("devices"));
 }

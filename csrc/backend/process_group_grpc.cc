@@ -104,6 +104,12 @@ ProcessGroupGrpc::~ProcessGroupGrpc() {
   lanes_.finish_workers(kWorkerExitGrace);
 }
 
+c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupGrpc::getBackendOptions() {
+  auto options = c10::make_intrusive<Options>(getBackendName(), std::chrono::milliseconds(timeout_ms_.load()));
+  options->group_name = options_.group_name;
+  return options;
+}
+
 void ProcessGroupGrpc::setTimeout(std::chrono::milliseconds timeout) {
   timeout_ms_.store(group_timeout(timeout).count());
 }

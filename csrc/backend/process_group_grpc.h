@@ -45,6 +45,7 @@ class ProcessGroupGrpc : public c10d::Backend {
   ~ProcessGroupGrpc() override;
 
   const std::string getBackendName() const override { return "grpc"; }
+  c10::intrusive_ptr<Options> getBackendOptions() override;
   // Where peers reach this rank: "host:port", and the unix socket ("" if off).
   std::string tcp_address() const;
   std::string unix_socket() const;

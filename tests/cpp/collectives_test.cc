@@ -299,6 +299,79 @@ TEST_P(Collectives, Alltoall) {
   }
 }
 
+// Rank i sends (2i + 3j) % 4 * unit elements to rank j: uneven, with empty blocks.
+uint64_t uneven_block(int src, int dst, uint64_t unit) { return static_cast<uint64_t>((2 * src + 3 * dst) % 4) * unit; }
+
+TEST_P(Collectives, AlltoallvUnevenBlocks) {
+  size_t case_index = 0;
+  for (DType dtype : kMoveDtypes) {
+    for (uint64_t unit : {uint64_t{1}, uint64_t{7}}) {
+      const size_t esize = tgpg::element_size(dtype);
+      std::vector<std::vector<tgpg::Block>> send(world()), recv(world());
+      std::vector<std::vector<std::byte>> inputs, outs;
+      for (int r = 0; r < world(); ++r) {
+        uint64_t sent = 0, received = 0;
+        for (int peer = 0; peer < world(); ++peer) {
+          send[r].push_back({sent, uneven_block(r, peer, unit)});
+          recv[r].push_back({received, uneven_block(peer, r, unit)});
+          sent += send[r].back().count;
+          received += recv[r].back().count;
+        }
+        inputs.push_back(make_bytes(seed_of(r, ++case_index), sent * esize));
+        outs.push_back(make_bytes(seed_of(r, 1000 + case_index), received * esize));
+      }
+      Call c = call(OpType::Alltoall, dtype, 0);
+      SCOPED_TRACE(describe(c) + " unit=" + std::to_string(unit));
+      const auto in = pointers(inputs);
+      const auto out = mutable_pointers(outs);
+      ASSERT_NO_FATAL_FAILURE(run_ok(c, [&](tgpg::Collective& col, int rank) {
+        tgpg::alltoallv(col, in[rank], send[rank], out[rank], recv[rank]);
+      }));
+      for (int i = 0; i < world(); ++i) {
+        for (int j = 0; j < world(); ++j) {
+          const size_t bytes = send[i][j].count * esize;
+          ASSERT_EQ(bytes, recv[j][i].count * esize);
+          if (bytes == 0) continue;
+          ASSERT_EQ(0, std::memcmp(outs[j].data() + recv[j][i].offset * esize,
+                                   inputs[i].data() + send[i][j].offset * esize, bytes))
+              << "block for rank " << j << " of rank " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST_P(Collectives, MessagesBetweenEveryPair) {
+  for (DType dtype : kMoveDtypes) {
+    for (uint64_t count : counts_for(world())) {
+      Call c = call(OpType::PointToPoint, dtype, count);
+      SCOPED_TRACE(describe(c));
+      const size_t bytes = count * tgpg::element_size(dtype);
+      // messages[src][dst], and what each rank received from each source.
+      std::vector<std::vector<std::vector<std::byte>>> messages(world()), got(world());
+      for (int src = 0; src < world(); ++src) {
+        for (int dst = 0; dst < world(); ++dst) {
+          messages[src].push_back(make_bytes(seed_of(src, 100 * dst + 7), bytes));
+          got[src].push_back(std::vector<std::byte>(bytes));
+        }
+      }
+      ASSERT_NO_FATAL_FAILURE(run_ok(c, [&](tgpg::Collective& col, int rank) {
+        for (int dst = 0; dst < world(); ++dst) {
+          if (dst != rank) tgpg::send_message(col, dst, messages[rank][dst].data());
+        }
+        for (int src = 0; src < world(); ++src) {
+          if (src != rank) tgpg::recv_message(col, src, got[rank][src].data());
+        }
+      }));
+      for (int dst = 0; dst < world(); ++dst) {
+        for (int src = 0; src < world(); ++src) {
+          if (src != dst) ASSERT_TRUE(got[dst][src] == messages[src][dst]) << "from " << src << " to " << dst;
+        }
+      }
+    }
+  }
+}
+
 TEST_P(Collectives, BarrierWaitsForTheLastRank) {
   for (int late = 0; late < world(); ++late) {
     std::vector<std::atomic<bool>> entered(world());

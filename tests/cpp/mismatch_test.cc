@@ -322,5 +322,50 @@ TEST(Failure, UnreleasedSendsTimeOut) {
   EXPECT_LT(Clock::now() - start, milliseconds(5000));
 }
 
+TEST(Mismatch, MessageTagAndSize) {
+  struct Case {
+    int64_t send_tag, recv_tag;
+    uint64_t send_count, recv_count;
+    std::vector<std::string> details;
+  };
+  for (const Case& k : {Case{1, 2, 24, 24, {"tag 1", "tag 2"}}, Case{0, 0, 24, 25, {"24 elements", "25 elements"}}}) {
+    std::vector<Call> calls(2, allreduce_call(k.send_count));
+    for (Call& c : calls) {
+      c.op = OpType::PointToPoint;
+      c.reduction.reset();
+    }
+    calls[1].count = k.recv_count;
+    Buffers buffers(2);
+    const GroupResult result = run_group(calls, {}, [&](tgpg::Collective& c, int rank) {
+      c.use_tag(rank == 0 ? k.send_tag : k.recv_tag);
+      if (rank == 0) {
+        tgpg::send_message(c, 1, buffers.data[0]);
+      } else {
+        tgpg::recv_message(c, 0, buffers.data[1]);
+      }
+    });
+    const std::string message = error_message(result.errors.at(1));
+    ASSERT_TRUE(is_collective_error(result.errors[1])) << message;
+    EXPECT_TRUE(contains(message, "rank 0") && contains(message, "rank 1")) << message;
+    for (const auto& d : k.details) EXPECT_TRUE(contains(message, d)) << "'" << d << "' missing from: " << message;
+  }
+}
+
+TEST(Mismatch, AlltoallvSplits) {
+  // Rank 0 sends rank 1 three elements; rank 1 expects two.
+  std::vector<Call> calls(2, allreduce_call(4));
+  for (Call& c : calls) {
+    c.op = OpType::Alltoall;
+    c.reduction.reset();
+  }
+  const std::vector<std::vector<tgpg::Block>> send{{{0, 1}, {1, 3}}, {{0, 2}, {2, 2}}};
+  const std::vector<std::vector<tgpg::Block>> recv{{{0, 1}, {1, 2}}, {{0, 2}, {2, 2}}};
+  Buffers buffers(2);
+  const GroupResult result = run_group(calls, {}, [&](tgpg::Collective& c, int rank) {
+    tgpg::alltoallv(c, buffers.data[rank], send[rank], buffers.data[rank] + 1024, recv[rank]);
+  });
+  expect_mismatch(result, 1, 0, {"3 elements", "2 elements", "input split 1", "output split 0"});
+}
+
 }  // namespace
 }  // namespace tgpg_test
