@@ -34,6 +34,7 @@ STACKS: dict[int, dict[str, Stack]] = {
         "coalescing_manager": tensor_parallel.check_coalescing_manager,
         "pipeline_gpipe": pipelining.check_gpipe,
         "pipeline_1f1b": pipelining.check_1f1b,
+        "pipeline_traced_gpipe": pipelining.check_traced_gpipe,
         "dcp_fsdp2": checkpoint.check,
         "zero_ddp": zero.check,
     },
@@ -41,6 +42,7 @@ STACKS: dict[int, dict[str, Stack]] = {
     4: {
         "pipeline_gpipe": pipelining.check_gpipe,
         "pipeline_1f1b": pipelining.check_1f1b,
+        "pipeline_traced_gpipe": pipelining.check_traced_gpipe,
     },
 }
 
@@ -80,8 +82,9 @@ def test_coalescing_manager_batches() -> None:
 
 
 @pytest.mark.parametrize("world", (2, 4), ids=lambda w: f"w{w}")
-@pytest.mark.parametrize("schedule", ("gpipe", "1f1b"))
+@pytest.mark.parametrize("schedule", ("gpipe", "1f1b", "traced_gpipe"))
 def test_pipeline_schedules(world: int, schedule: str) -> None:
+    """Hand-built stages under GPipe and 1F1B; stages traced by ``pipeline`` under GPipe."""
     _report(world).assert_passed(f"pipeline_{schedule}")
 
 

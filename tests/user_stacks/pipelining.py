@@ -1,4 +1,8 @@
-"""torch.distributed.pipelining: one stage per rank, GPipe and 1F1B schedules."""
+"""torch.distributed.pipelining: one stage per rank, GPipe and 1F1B schedules.
+
+Stages are built by hand (``PipelineStage``) or traced from the whole model
+(``pipeline`` with split points, then ``build_stage``).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    SplitPoint,
+    pipeline,
+)
 
 from dist_harness import RankContext
 from user_stacks.common import FP32_TOL, FP64_TOL, assert_close, generator
@@ -29,13 +39,28 @@ def data() -> tuple[torch.Tensor, torch.Tensor]:
     )
 
 
+def build_stage(
+    group: dist.ProcessGroup, rank: int, world: int, traced: bool
+) -> PipelineStage:
+    cpu = torch.device("cpu")
+    if not traced:
+        return PipelineStage(stage_module(rank), rank, world, cpu, group=group)
+    whole = nn.Sequential(*(stage_module(i) for i in range(world)))
+    pipe = pipeline(
+        whole,
+        mb_args=(data()[0].chunk(MICROBATCHES)[0],),
+        split_spec={str(i): SplitPoint.BEGINNING for i in range(1, world)},
+    )
+    assert pipe.num_stages == world, pipe.num_stages
+    return pipe.build_stage(rank, cpu, group)
+
+
 def run_stage(
-    group: dist.ProcessGroup, rank: int, world: int, schedule: str
-) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    group: dist.ProcessGroup, rank: int, world: int, schedule: str, traced: bool
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """One forward and backward of the whole batch; this stage's losses (last
-    stage only) and parameter gradients."""
-    module = stage_module(rank)
-    stage = PipelineStage(module, rank, world, torch.device("cpu"), group=group)
+    stage only) and parameter gradients, in parameter order."""
+    stage = build_stage(group, rank, world, traced)
     sched = SCHEDULES[schedule](stage, n_microbatches=MICROBATCHES, loss_fn=F.mse_loss)
     x, y = data()
     losses: list[torch.Tensor] = []
@@ -45,16 +70,16 @@ def run_stage(
         sched.step(target=y, losses=losses)
     else:
         sched.step()
-    grads = {}
-    for name, param in module.named_parameters():
+    grads = []
+    for name, param in stage.submod.named_parameters():
         assert param.grad is not None, name
-        grads[name] = param.grad.detach().clone()
+        grads.append(param.grad.detach().clone())
     return [loss.detach() for loss in losses], grads
 
 
 def local_replay(
     world: int, rank: int
-) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The whole pipeline in one float64 model: per-microbatch losses, and the
     gradient of their mean (the schedules scale gradients by 1/MICROBATCHES)."""
     stages = [stage_module(i).double() for i in range(world)]
@@ -65,19 +90,21 @@ def local_replay(
         for xm, ym in zip(x.chunk(MICROBATCHES), y.chunk(MICROBATCHES), strict=True)
     ]
     torch.stack(losses).mean().backward()
-    grads = {}
+    grads = []
     for name, param in stages[rank].named_parameters():
         assert param.grad is not None, name
-        grads[name] = param.grad.detach()
+        grads.append(param.grad.detach())
     return [loss.detach() for loss in losses], grads
 
 
-def check(ctx: RankContext, gloo: dist.ProcessGroup, schedule: str) -> None:
+def check(
+    ctx: RankContext, gloo: dist.ProcessGroup, schedule: str, traced: bool = False
+) -> None:
     default = dist.group.WORLD
     assert default is not None
     world, rank = ctx.world_size, ctx.rank
-    tested_losses, tested_grads = run_stage(default, rank, world, schedule)
-    gloo_losses, gloo_grads = run_stage(gloo, rank, world, schedule)
+    tested_losses, tested_grads = run_stage(default, rank, world, schedule, traced)
+    gloo_losses, gloo_grads = run_stage(gloo, rank, world, schedule, traced)
     replay_losses, replay_grads = local_replay(world, rank)
     if rank == world - 1:
         assert len(tested_losses) == MICROBATCHES, len(tested_losses)
@@ -86,10 +113,11 @@ def check(ctx: RankContext, gloo: dist.ProcessGroup, schedule: str) -> None:
             assert_close(loss, replay_losses[i], f"loss {i} vs replay", FP64_TOL)
     else:
         assert tested_losses == [], tested_losses
-    for name, grad in tested_grads.items():
-        assert grad.abs().max() > 1e-3, f"{name}: gradient too small to compare"
-        assert_close(grad, gloo_grads[name], f"{name} grad vs gloo", FP32_TOL)
-        assert_close(grad, replay_grads[name], f"{name} grad vs replay", FP64_TOL)
+    assert len(tested_grads) == len(replay_grads) == 2, len(tested_grads)
+    for i, grad in enumerate(tested_grads):
+        assert grad.abs().max() > 1e-3, f"parameter {i}: gradient too small to compare"
+        assert_close(grad, gloo_grads[i], f"parameter {i} grad vs gloo", FP32_TOL)
+        assert_close(grad, replay_grads[i], f"parameter {i} grad vs replay", FP64_TOL)
 
 
 def check_gpipe(ctx: RankContext, gloo: dist.ProcessGroup) -> None:
@@ -98,3 +126,7 @@ def check_gpipe(ctx: RankContext, gloo: dist.ProcessGroup) -> None:
 
 def check_1f1b(ctx: RankContext, gloo: dist.ProcessGroup) -> None:
     check(ctx, gloo, "1f1b")
+
+
+def check_traced_gpipe(ctx: RankContext, gloo: dist.ProcessGroup) -> None:
+    check(ctx, gloo, "gpipe", traced=True)
