@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -9,9 +10,14 @@ import torch_grpc_pg
 from dist_harness import (
     CaseReport,
     RankContext,
+    backend_under_test,
     init_default_group,
     run_cases,
     spawn_cases,
+)
+
+pytestmark = pytest.mark.skipif(
+    backend_under_test() != "grpc", reason="checks the grpc backend's own name"
 )
 
 

@@ -4,10 +4,15 @@
 #include <grpcpp/resource_quota.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/impl/server_builder_option.h>
+#include <grpcpp/impl/server_builder_plugin.h>
 #include <grpcpp/server_builder.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <memory>
 #include <stdexcept>
+#include <vector>
 
 #include "torch_grpc_pg.grpc.pb.h"
 #include "transport/channel_options.h"
@@ -20,6 +25,18 @@ namespace {
 
 using ServiceBase = torch_grpc_pg::ProcessGroupService::WithRawCallbackMethod_Exchange<
     torch_grpc_pg::ProcessGroupService::Service>;
+
+// gRPC's reflection plugin, once registered, joins every server the process
+// builds; this option takes it out of one server's plugins again.
+class WithoutReflection : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    plugins->erase(std::remove_if(plugins->begin(), plugins->end(),
+                                  [](const auto& plugin) { return plugin->name() == "proto_server_reflection"; }),
+                   plugins->end());
+  }
+};
 
 std::mutex& current_mutex() {
   static std::mutex mutex;
@@ -90,16 +107,16 @@ RankServer::RankServer(const TransportConfig& config) : config_(config), service
   apply_server_options(builder, config.max_payload_bytes + kMaxHeaderBytes);
   resize_quota();
   builder.SetResourceQuota(quota_);
-  // gRPC's Health service cannot run this backend's token handshake, so it is
-  // served only where nothing else guards the port either (no token), where
-  // TLS with client certificates guards it, or where the operator opens it
-  // for probes. Reflection is served always: linking gRPC's reflection
-  // library registers it for every server, and it reveals only the service
-  // definitions, which protos/ publishes anyway.
+  // gRPC's Health and reflection services cannot run this backend's token
+  // handshake, so they are served only where nothing else guards the port
+  // either (no token) or where TLS with client certificates guards it. The
+  // operator may open Health, which tells only whether the rank is healthy,
+  // to probes; reflection stays behind the same guard as the ranks' streams.
   const bool mutual_tls = !config.tls_ca_file.empty() && !config.tls_cert_file.empty();
   const bool open = config.auth_token.empty() && config.tls_ca_file.empty();
   grpc::EnableDefaultHealthCheckService(open || mutual_tls || config.health_public);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  if (!open && !mutual_tls) builder.SetOption(std::make_unique<WithoutReflection>());
   const auto credentials = server_credentials(config);
   std::string host = config.bind_host.empty() ? "0.0.0.0" : config.bind_host;
   if (host.find(':') != std::string::npos && host.front() != '[') host = "[" + host + "]";
