@@ -127,3 +127,9 @@ netns-down:
 
 bench-two-hosts: build
 	$(PY) benchmarks/two_hosts.py $(BENCH_ARGS)
+
+# A wheel built from this checkout, installed into a new venv and run from outside the source
+# tree (tests/wheel/check.sh): the packaging as users get it. Rebuilds the extension: minutes.
+.PHONY: wheel-check
+wheel-check: build
+	PY=$(PY) bash tests/wheel/check.sh
