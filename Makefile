@@ -133,3 +133,22 @@ bench-two-hosts: build
 .PHONY: wheel-check
 wheel-check: build
 	PY=$(PY) bash tests/wheel/check.sh
+
+# The extension against other torch releases from the registry (tests/torch_compat/check.sh):
+#   make torch-compat TORCH_VERSION=2.7.0                    compile and link against that release
+#   make torch-compat TORCH_VERSION=2.7.0 TORCH_COMPAT=full  install it (~5 GB), build, run a smoke subset
+#   make torch-compat-range                                  compile and link against the oldest and newest
+# The range is what setup.py's install_requires declares; the .venv's 2.13.0 runs the full suite.
+TORCH_OLDEST := 2.7.0
+TORCH_NEWEST := 2.15.0
+TORCH_VERSION ?= $(TORCH_NEWEST)
+TORCH_COMPAT ?= compile
+
+.PHONY: torch-compat torch-compat-range
+
+torch-compat: $(SYSTEM_STAMP)
+	tests/torch_compat/check.sh $(TORCH_VERSION) $(TORCH_COMPAT)
+
+torch-compat-range: $(SYSTEM_STAMP)
+	tests/torch_compat/check.sh $(TORCH_OLDEST)
+	tests/torch_compat/check.sh $(TORCH_NEWEST)

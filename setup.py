@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
 from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
@@ -25,8 +26,32 @@ PROTO = ROOT / "protos" / "torch_grpc_pg.proto"
 GENERATED = ROOT / "build" / "generated"
 PY_PROTO = ROOT / "torch_grpc_pg" / "_proto"
 WARNINGS = ["-Wall", "-Wno-unused-parameter"]
+
+
+def torch_cxx11_abi() -> int:
+    """torch's std::string ABI, which the torch-free objects must share: strings
+    and structs holding them cross from the glue into them."""
+    # Releases from 2.7 on are built with the C++11 ABI only; later ones may drop the flag.
+    abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
+    if not abi:
+        # The torch-free objects also pass strings to gRPC and protobuf, which
+        # Debian builds with the C++11 ABI: no setting can suit both sides.
+        sys.exit(
+            f"torch {torch.__version__} is built with the pre-C++11 std::string ABI "
+            "(_GLIBCXX_USE_CXX11_ABI=0), the system's gRPC and protobuf with the C++11 one. "
+            "Use torch 2.7 or later."
+        )
+    return abi
+
+
 # torch's headers choose the C++ standard of the glue; the rest is plain C++17.
-TORCH_FREE_FLAGS = ["-std=c++17", "-O3", "-fPIC", *WARNINGS]
+TORCH_FREE_FLAGS = [
+    "-std=c++17",
+    "-O3",
+    "-fPIC",
+    f"-D_GLIBCXX_USE_CXX11_ABI={torch_cxx11_abi()}",
+    *WARNINGS,
+]
 GLUE_FLAGS = ["-O3", *WARNINGS]
 
 
@@ -174,7 +199,9 @@ setup(
     # What the installed package imports; grpcio-tools and pybind11 are needed
     # only to build (requirements-dev.txt).
     install_requires=[
-        "torch>=2.4",
+        # The releases tests/torch_compat/check.sh builds against: 2.6 and older
+        # use the pre-C++11 string ABI (see torch_cxx11_abi), newer are untried.
+        "torch>=2.7,<2.16",
         "grpcio",
         "protobuf",
         "numpy",

@@ -2,6 +2,7 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/version.h>
 
 #include <atomic>
 #include <chrono>
@@ -52,7 +53,12 @@ class ProcessGroupGrpc : public c10d::Backend {
   // The key that names this group instance in every link handshake. It is
   // published in the store, so it is no secret; tools and tests use it.
   std::string group_key() const { return messenger_->group_key(); }
+  // c10d::Backend declares setTimeout from torch 2.9 on; before, it is this class's own.
+#if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 9
   void setTimeout(std::chrono::milliseconds timeout) override;
+#else
+  void setTimeout(std::chrono::milliseconds timeout);
+#endif
   // The sequence number of the last collective issued (0 before the first).
   uint64_t getSequenceNumberForGroup() override { return queue_.last_seq(); }
   void setSequenceNumberForGroup() override {}
