@@ -47,7 +47,7 @@ $(EXT_STAMP): $(SYSTEM_STAMP) $(VENV_STAMP) $(EXT_SOURCES)
 
 build: $(EXT_STAMP)
 
-test: build cpp-test sanitize fuzz
+test: build cpp-test sanitize fuzz torch-compat-range
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 demo: build

@@ -106,7 +106,9 @@ ProcessGroupGrpc::~ProcessGroupGrpc() {
 
 c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupGrpc::getBackendOptions() {
   auto options = c10::make_intrusive<Options>(getBackendName(), std::chrono::milliseconds(timeout_ms_.load()));
-  options->group_name = options_.group_name;
+#if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 9
+  options->group_name = options_.group_name;  // a field since 2.9
+#endif
   return options;
 }
 

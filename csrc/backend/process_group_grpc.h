@@ -46,7 +46,13 @@ class ProcessGroupGrpc : public c10d::Backend {
   ~ProcessGroupGrpc() override;
 
   const std::string getBackendName() const override { return "grpc"; }
+  // Declared by c10d::Backend in recent releases only (not in 2.7); Python
+  // reads `options` instead (torch_grpc_pg/__init__.py).
+#if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 9
   c10::intrusive_ptr<Options> getBackendOptions() override;
+#else
+  c10::intrusive_ptr<Options> getBackendOptions();
+#endif
   // Where peers reach this rank: "host:port", and the unix socket ("" if off).
   std::string tcp_address() const;
   std::string unix_socket() const;

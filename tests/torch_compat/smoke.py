@@ -1,7 +1,8 @@
 """The smoke subset that tests/torch_compat/check.sh runs against another torch release.
 
-World 2: all_reduce, broadcast, all_gather and barrier on the grpc group, each
-compared with the same call on a gloo group. Only what gloo supports in every
+World 2: all_reduce, broadcast, all_gather, barrier, send/recv and uneven
+all_to_all_single on the grpc group, each compared with the same call on a
+gloo group, and the group's name. Only what gloo supports in every
 release of the declared range (gloo has no ReduceOp.AVG in torch 2.7), so that
 a failure means the grpc backend differs. Not named test_*: ``make test``
 runs the full suite instead; check.sh names this file.
@@ -74,6 +75,35 @@ def _all_gather(
         _same(a, b, f"all_gather block {rank}")
 
 
+def _name() -> None:
+    group = dist.group.WORLD
+    assert group is not None and group.name() == "grpc", group
+
+
+def _send_recv(ctx: RankContext, ref: dist.ProcessGroup) -> None:
+    peer = 1 - ctx.rank
+    for group in (None, ref):
+        out = torch.zeros(1000)
+        ops = [
+            dist.P2POp(dist.irecv, out, peer, group),
+            dist.P2POp(dist.isend, _input(ctx.rank, 1000, torch.float32), peer, group),
+        ]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        _same(out, _input(peer, 1000, torch.float32), f"message from {peer}")
+
+
+def _uneven_all_to_all(ctx: RankContext, ref: dist.ProcessGroup) -> None:
+    send_splits = [1 + ctx.rank, 3]
+    recv_splits = [[1, 3][ctx.rank], [2, 3][ctx.rank]]
+    mine = _input(ctx.rank, sum(send_splits), torch.float32)
+    ours = torch.zeros(sum(recv_splits))
+    gloo = torch.zeros(sum(recv_splits))
+    dist.all_to_all_single(ours, mine, recv_splits, send_splits)
+    dist.all_to_all_single(gloo, mine, recv_splits, send_splits, group=ref)
+    _same(ours, gloo, "uneven all_to_all_single")
+
+
 def _rank_main(ctx: RankContext) -> dict[str, str | None]:
     ref = init_groups(ctx)
     cases: dict[str, Check] = {}
@@ -91,6 +121,9 @@ def _rank_main(ctx: RankContext) -> dict[str, str | None]:
                 _all_gather, ctx, ref, dtype, numel
             )
     cases["barrier/"] = dist.barrier
+    cases["name/"] = _name
+    cases["send_recv/"] = functools.partial(_send_recv, ctx, ref)
+    cases["all_to_all/"] = functools.partial(_uneven_all_to_all, ctx, ref)
     return run_cases(cases)
 
 
@@ -112,3 +145,15 @@ def test_all_gather() -> None:
 
 def test_barrier() -> None:
     _report().assert_passed("barrier/")
+
+
+def test_name() -> None:
+    _report().assert_passed("name/")
+
+
+def test_send_recv() -> None:
+    _report().assert_passed("send_recv/")
+
+
+def test_uneven_all_to_all() -> None:
+    _report().assert_passed("all_to_all/")
