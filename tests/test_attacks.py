@@ -6,6 +6,7 @@ must be refused, a rank's memory must stay bounded, and the running group's resu
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import socket
 import stat
@@ -207,11 +208,33 @@ def test_a_server_planted_in_the_store_is_refused_and_learns_nothing() -> None:
 # --------------------------------------------------------------------------- memory bounds
 
 
-def _flood(ctx: RankContext, token: str, kind: str) -> dict[str, object]:
-    """Rank 1 floods rank 0's server with unauthenticated messages on many streams while
-    rank 0 samples its own memory; then the group runs an allreduce."""
+def _send_flood(address: str, kind: str) -> list[str]:
+    """Opens one stream per message to ``address``, sends it unauthenticated, returns each
+    stream's status code."""
     import wire_client as wc
 
+    if kind == "huge":
+        messages = [b"\x1a" * (512 << 20)] * 4  # four 512 MiB handshakes
+    else:
+        big = b"\x0a" * (8 << 20)  # over the receive limit
+        medium = b"\x0a" * ((2 << 20) + 1024)  # within it, far over a Hello's
+        messages = [big] * 64 + [medium] * 64
+    options = [
+        ("grpc.max_send_message_length", -1),
+        ("grpc.use_local_subchannel_pool", 1),
+    ]
+    links = [wc.Link(address, options) for _ in messages]
+    for link, message in zip(links, messages):
+        link.send(message)
+    codes = [link.status()[0].name for link in links]
+    for link in links:
+        link.close()
+    return codes
+
+
+def _flood(ctx: RankContext, token: str, kind: str) -> dict[str, object]:
+    """A process that rank 1 starts floods rank 0's server with unauthenticated messages on
+    many streams while rank 0 samples its own memory; then the group runs an allreduce."""
     if token:
         os.environ["TORCH_GRPC_PG_AUTH_TOKEN"] = token
     init_default_group(ctx)
@@ -234,23 +257,11 @@ def _flood(ctx: RankContext, token: str, kind: str) -> dict[str, object]:
     store_barrier(ctx.store(), ctx.world_size, "flood start")
     codes: list[str] = []
     if ctx.rank == 1:
-        if kind == "huge":
-            messages = [b"\x1a" * (512 << 20)] * 4  # four 512 MiB handshakes
-        else:
-            big = b"\x0a" * (8 << 20)  # over the receive limit
-            medium = b"\x0a" * ((2 << 20) + 1024)  # within it, far over a Hello's
-            messages = [big] * 64 + [medium] * 64
-        options = [
-            ("grpc.max_send_message_length", -1),
-            ("grpc.use_local_subchannel_pool", 1),
-        ]
-        links = [wc.Link(addresses[0], options) for _ in messages]
-        for link, message in zip(links, messages):
-            link.send(message)
-        codes = [link.status()[0].name for link in links]
-        for link in links:
-            link.close()
-        del messages
+        # The attacker is a process of its own, as a stranger would be: what its
+        # gRPC client does at exit is no part of either rank's.
+        spawn = multiprocessing.get_context("spawn")
+        with spawn.Pool(1) as pool:
+            codes = pool.apply(_send_flood, (addresses[0], kind))
     store_barrier(ctx.store(), ctx.world_size, "flood end")
     stop.set()
     if ctx.rank == 0:
