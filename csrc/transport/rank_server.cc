@@ -17,6 +17,7 @@
 #include "torch_grpc_pg.grpc.pb.h"
 #include "transport/channel_options.h"
 #include "transport/exchange_reactor.h"
+#include "transport/malloc_tuning.h"
 #include "transport/socket_dir.h"
 #include "transport/wire_format.h"
 
@@ -103,6 +104,7 @@ std::optional<TransportConfig> RankServer::running_config() {
 }
 
 RankServer::RankServer(const TransportConfig& config) : config_(config), service_(std::make_unique<Service>(*this)) {
+  if (config.tune_malloc) keep_freed_memory_for_reuse();
   grpc::ServerBuilder builder;
   apply_server_options(builder, config.max_payload_bytes + kMaxHeaderBytes);
   resize_quota();

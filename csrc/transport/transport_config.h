@@ -25,6 +25,7 @@ struct TransportConfig {
   size_t flight_recorder_size = 64;   // ops each group remembers for observers
   std::string flight_recorder_dir;    // where a failed group writes its record; empty: nowhere
   bool health_public = false;         // serve grpc.health.v1 to callers that have not authenticated
+  bool tune_malloc = true;            // keep_freed_memory_for_reuse() when the server starts
 };
 
 }  // namespace tgpg
