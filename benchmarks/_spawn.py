@@ -1,10 +1,12 @@
 """Run a function on W real ranks on loopback; stream what rank 0 reports to the parent.
 
 Ranks are started with the spawn method: a forked child inherits gRPC's threads and locks
-in an unusable state. Every rank joins one default gloo group, used only to coordinate
-(barriers, agreeing on plans, gathering timings); each backend under test gets its own
-`dist.new_group(backend=...)`, because a process can hold only one default group and the
-backends must be interleaved within one set of processes.
+in an unusable state. By default every rank joins one default gloo group, used only to
+coordinate (barriers, agreeing on plans, gathering timings); each backend under test gets
+its own `dist.new_group(backend=...)`, because a process can hold only one default group
+and the backends must be interleaved within one set of processes. The user-code mode
+(`user_mode.py`) instead makes the backend under test the default group, as a training
+script does.
 """
 
 from __future__ import annotations
@@ -84,13 +86,15 @@ def _rank_main(
     device_type: str,
     threads: int,
     timeout_s: float,
+    default_backend: str,
 ) -> None:
     # torch 2.13 deprecates all_gather_into_tensor (the op the targets name) in favour
     # of all_gather_single; its warning on every call would flood the output.
     warnings.filterwarnings(
         "ignore", category=FutureWarning, module="torch.distributed"
     )
-    torch.set_num_threads(threads)
+    if threads > 0:
+        torch.set_num_threads(threads)
     if device_type == "cuda":
         device = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
@@ -98,8 +102,9 @@ def _rank_main(
         device = torch.device("cpu")
     timeout = datetime.timedelta(seconds=timeout_s)
     try:
+        load_backend(default_backend)
         dist.init_process_group(
-            "gloo",
+            default_backend,
             init_method=f"tcp://127.0.0.1:{port}",
             rank=rank,
             world_size=world,
@@ -124,16 +129,32 @@ def run_world(
     device: str = "cpu",
     threads: int | None = None,
     timeout_s: float = 300.0,
+    default_backend: str = "gloo",
 ) -> None:
-    """Run fn on `world` spawned ranks, on_message for each message; WorldFailed on failure."""
+    """Run fn on `world` spawned ranks, on_message for each message; WorldFailed on failure.
+
+    threads: torch intra-op threads per rank; None: the rank's share of the cores; 0:
+    torch's own default. default_backend: the ranks' default group.
+    """
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
-    threads = threads or default_threads(world)
+    threads = default_threads(world) if threads is None else threads
     procs = [
         ctx.Process(
             target=_rank_main,
-            args=(rank, world, port, fn, payload, out, device, threads, timeout_s),
+            args=(
+                rank,
+                world,
+                port,
+                fn,
+                payload,
+                out,
+                device,
+                threads,
+                timeout_s,
+                default_backend,
+            ),
             daemon=True,
         )
         for rank in range(world)

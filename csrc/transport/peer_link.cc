@@ -16,6 +16,7 @@
 #include "transport/channel_options.h"
 #include "transport/handshake.h"
 #include "transport/protocol.h"
+#include "transport/unix_channel.h"
 
 namespace tgpg {
 namespace {
@@ -246,22 +247,32 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
 PeerLink::PeerLink(const std::string& target, const LinkIdentity& identity, const TransportConfig& config,
                    std::function<void(const std::string&)> on_failure)
     : description_("rank " + std::to_string(identity.src_rank) + " to rank " + std::to_string(identity.dst_rank) +
-                   " at " + target),
-      channel_(grpc::CreateCustomChannel(target, channel_credentials(config), channel_arguments(config))) {
+                   " at " + target) {
+  const grpc::ChannelArguments args = channel_arguments(config);
+  // A channel over a socket of our own cannot reconnect: each try gets a new one.
+  const bool own_socket = dials_own_unix_socket(target, config);
+  std::shared_ptr<grpc::Channel> shared;
+  if (!own_socket) shared = grpc::CreateCustomChannel(target, channel_credentials(config), args);
   // The peer published its address only after its server was up, so the first
   // try usually succeeds. Retrying (rather than gRPC's wait_for_ready) keeps
   // the cause of the last failure, such as a TLS error, for the message.
   const auto deadline = Clock::now() + config.connect_timeout;
   auto backoff = std::chrono::milliseconds(50);
   for (;;) {
-    auto stream = std::make_unique<Stream>(channel_, identity, config.auth_token, config.group_settings, description_,
-                                           on_failure);
-    const Stream::Outcome outcome = stream->wait_handshake(deadline);
-    if (outcome.ok) {
-      stream_ = std::move(stream);
-      return;
+    std::shared_ptr<grpc::Channel> channel = shared;
+    Stream::Outcome outcome;
+    if (own_socket) channel = dial_unix_socket(target, config, args, &outcome.error);
+    if (channel) {
+      auto stream = std::make_unique<Stream>(channel, identity, config.auth_token, config.group_settings,
+                                             description_, on_failure);
+      outcome = stream->wait_handshake(deadline);
+      if (outcome.ok) {
+        channel_ = std::move(channel);
+        stream_ = std::move(stream);
+        return;
+      }
+      if (!outcome.retryable) throw std::runtime_error(outcome.error);
     }
-    if (!outcome.retryable) throw std::runtime_error(outcome.error);
     if (Clock::now() + backoff >= deadline) {
       throw std::runtime_error("could not connect " + description_ + ": " + outcome.error +
                                ". Check that the peer is running, that the address is reachable from here (set "

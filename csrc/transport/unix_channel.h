@@ -1,0 +1,27 @@
+#pragma once
+
+#include <grpcpp/channel.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include <memory>
+#include <string>
+
+#include "transport/transport_config.h"
+
+namespace tgpg {
+
+// Linux bounds the bytes in flight on a unix stream socket by its sender's
+// SO_SNDBUF, 208 KiB by default: a 2 MiB chunk then crosses in ten rounds of
+// waking the reader and the writer. gRPC has no public way to set a socket
+// option, so for a peer on this host the rank connects the socket itself, with
+// a send buffer of a chunk, and hands it to gRPC. gRPC's TLS needs its own
+// connector, so links with TLS keep gRPC's socket (and the default buffer).
+bool dials_own_unix_socket(const std::string& target, const TransportConfig& config);
+
+// A channel over a new connection to `target` ("unix:<path>"). Returns null and
+// sets `retryable_error` while nothing listens there yet; throws
+// std::runtime_error on any other failure.
+std::shared_ptr<grpc::Channel> dial_unix_socket(const std::string& target, const TransportConfig& config,
+                                                const grpc::ChannelArguments& args, std::string* retryable_error);
+
+}  // namespace tgpg
