@@ -14,6 +14,7 @@ EXT_SOURCES := setup.py $(wildcard protos/*.proto) $(shell find csrc -name '*.h'
 
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
+BENCH_USER_ARGS ?=
 
 .PHONY: all build test demo bench lint format clean system-deps
 
@@ -53,9 +54,12 @@ test: build cpp-test sanitize fuzz torch-compat-range
 demo: build
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m torch_grpc_pg.demo
 
+# Both modes: interleaved in shared processes (collectives.py), and each backend as the
+# default group of its own processes, as a training script runs it (user_mode.py).
 bench: build
 	$(PY) benchmarks/collectives.py --quick $(BENCH_ARGS)
 	$(PY) benchmarks/ddp_step.py --quick $(BENCH_ARGS)
+	$(PY) benchmarks/user_mode.py $(BENCH_USER_ARGS)
 
 lint: $(VENV_STAMP)
 	$(VENV)/bin/ruff check torch_grpc_pg tests benchmarks setup.py
