@@ -47,10 +47,6 @@ std::string read_file(const std::string& path, const char* what) {
   return contents.str();
 }
 
-bool tls_enabled(const TransportConfig& config) {
-  return !config.tls_cert_file.empty() || !config.tls_ca_file.empty();
-}
-
 }  // namespace
 
 grpc::ChannelArguments channel_arguments(const TransportConfig& config) {
@@ -61,7 +57,7 @@ grpc::ChannelArguments channel_arguments(const TransportConfig& config) {
   // not share one connection's flow-control window.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
-  if (tls_enabled(config) && !config.tls_server_name.empty()) {
+  if (config.tls_enabled() && !config.tls_server_name.empty()) {
     args.SetSslTargetNameOverride(config.tls_server_name);
   }
   return args;
@@ -77,7 +73,7 @@ void apply_server_options(grpc::ServerBuilder& builder, size_t max_message_bytes
 }
 
 std::shared_ptr<grpc::ServerCredentials> server_credentials(const TransportConfig& config) {
-  if (!tls_enabled(config)) return grpc::InsecureServerCredentials();
+  if (!config.tls_enabled()) return grpc::InsecureServerCredentials();
   if (config.tls_cert_file.empty() || config.tls_key_file.empty()) {
     throw std::runtime_error(
         "TLS needs both a certificate and a key: set TORCH_GRPC_PG_TLS_CERT and TORCH_GRPC_PG_TLS_KEY");
@@ -92,7 +88,7 @@ std::shared_ptr<grpc::ServerCredentials> server_credentials(const TransportConfi
 }
 
 std::shared_ptr<grpc::ChannelCredentials> channel_credentials(const TransportConfig& config) {
-  if (!tls_enabled(config)) return grpc::InsecureChannelCredentials();
+  if (!config.tls_enabled()) return grpc::InsecureChannelCredentials();
   grpc::SslCredentialsOptions options;
   if (!config.tls_ca_file.empty()) options.pem_root_certs = read_file(config.tls_ca_file, "TLS CA");
   if (!config.tls_cert_file.empty()) {

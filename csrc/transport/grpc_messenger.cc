@@ -14,7 +14,7 @@ namespace tgpg {
 namespace {
 
 bool authenticated(const TransportConfig& config) {
-  return !config.auth_token.empty() || !config.tls_cert_file.empty() || !config.tls_ca_file.empty();
+  return !config.auth_token.empty() || config.tls_enabled();
 }
 
 }  // namespace

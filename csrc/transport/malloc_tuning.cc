@@ -26,17 +26,14 @@ bool user_configured_malloc() {
 
 }  // namespace
 
-bool keep_freed_memory_for_reuse() {
+void keep_freed_memory_for_reuse() {
 #ifdef __GLIBC__
   static std::once_flag once;
-  bool changed = false;
-  std::call_once(once, [&] {
+  std::call_once(once, [] {
     if (user_configured_malloc()) return;
-    changed = mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes) == 1 && mallopt(M_TRIM_THRESHOLD, kTrimThresholdBytes) == 1;
+    mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes);
+    mallopt(M_TRIM_THRESHOLD, kTrimThresholdBytes);
   });
-  return changed;
-#else
-  return false;
 #endif
 }
 

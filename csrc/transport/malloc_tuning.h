@@ -11,7 +11,7 @@ namespace tgpg {
 // adjustment reaches at most (mmap 32 MiB, trim 64 MiB), so freed buffers are
 // reused. It does nothing where the user configured malloc through
 // MALLOC_*_ variables or GLIBC_TUNABLES, or under another libc. Once per
-// process; returns whether this call changed anything.
-bool keep_freed_memory_for_reuse();
+// process.
+void keep_freed_memory_for_reuse();
 
 }  // namespace tgpg

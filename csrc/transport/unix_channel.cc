@@ -36,7 +36,7 @@ class SocketFd {
 
 bool dials_own_unix_socket(const std::string& target, const TransportConfig& config) {
 #ifdef GPR_SUPPORT_CHANNELS_FROM_FD
-  return target.rfind(kUnixScheme, 0) == 0 && config.tls_cert_file.empty() && config.tls_ca_file.empty();
+  return target.rfind(kUnixScheme, 0) == 0 && !config.tls_enabled();
 #else
   return false;
 #endif
