@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from _args import DTYPES
+
+if TYPE_CHECKING:
+    from _spawn import RankContext
 
 OPS = ("allreduce", "broadcast", "allgather", "barrier")
 
@@ -112,3 +116,16 @@ def bus_factor(op: str, world: int) -> float:
     if op == "allgather":
         return (world - 1) / world
     return 1.0
+
+
+def ready_on_default_group(ctx: RankContext, case: Case, warmup: int) -> CollectiveOp:
+    """The case's op on the default group: checked on every rank, reset, warmed up."""
+    op = make_op(case, dist.group.WORLD, ctx.rank, ctx.world, ctx.device)
+    op.fill()
+    op.run()
+    if not ctx.agree(op.check()):
+        raise RuntimeError(f"{case.backend} {case.op} {case.nbytes} B: wrong result")
+    op.reset()
+    for _ in range(warmup):
+        op.run()
+    return op

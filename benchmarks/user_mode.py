@@ -30,9 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from _args import parse_ints, parse_size
-from _collective_ops import Case, bus_factor, make_op
+from _collective_ops import Case, bus_factor, ready_on_default_group
 from _report import (
     Column,
     fmt_bytes,
@@ -70,14 +69,7 @@ def user_rank(ctx: RankContext) -> None:
         torch.empty(16 << 20, dtype=torch.uint8).fill_(1)  # freed at once
     for op_name, nbytes in p["cases"]:
         case = Case(op_name, "float32", nbytes, ctx.world, p["backend"])
-        op = make_op(case, dist.group.WORLD, ctx.rank, ctx.world, ctx.device)
-        op.fill()
-        op.run()
-        if not ctx.agree(op.check()):
-            raise RuntimeError(f"{p['backend']} {op_name} {nbytes} B: wrong result")
-        op.reset()
-        for _ in range(p["warmup"]):
-            op.run()
+        op = ready_on_default_group(ctx, case, p["warmup"])
         # Rank 0's first timed call sets how many calls fill --min-time; every rank
         # must make the same number of calls.
         start = time.perf_counter()

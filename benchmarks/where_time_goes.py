@@ -27,9 +27,8 @@ from collections import defaultdict
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from _args import parse_size
-from _collective_ops import Case, make_op
+from _collective_ops import Case, ready_on_default_group
 from _report import machine_info
 from _spawn import RankContext, WorldFailed, run_world
 
@@ -76,14 +75,7 @@ def minor_faults() -> int:
 def profile_rank(ctx: RankContext) -> None:
     p = ctx.payload
     case = Case(p["op"], "float32", p["bytes"], ctx.world, p["backend"])
-    op = make_op(case, dist.group.WORLD, ctx.rank, ctx.world, ctx.device)
-    op.fill()
-    op.run()
-    if not ctx.agree(op.check()):
-        raise RuntimeError(f"{p['backend']} {p['op']}: wrong result")
-    op.reset()
-    for _ in range(3):
-        op.run()
+    op = ready_on_default_group(ctx, case, warmup=3)
     ctx.barrier()
     before, faults, start = thread_counters(), minor_faults(), time.perf_counter()
     for _ in range(p["calls"]):
