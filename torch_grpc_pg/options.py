@@ -23,6 +23,7 @@ SERVER_FIELDS = (
     "tls_ca",
     "tls_server_name",
     "health_public",
+    "shared_memory",
 )
 
 
@@ -82,6 +83,7 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "flight_recorder_dir": ("TORCH_GRPC_PG_FLIGHT_RECORDER_DIR", _env_str),
     "health_public": ("TORCH_GRPC_PG_HEALTH_PUBLIC", lambda v: _env_bool(v, False)),
     "tune_malloc": ("TORCH_GRPC_PG_TUNE_MALLOC", lambda v: _env_bool(v, True)),
+    "shared_memory": ("TORCH_GRPC_PG_SHARED_MEMORY", lambda v: _env_bool(v, True)),
 }
 
 # Inclusive ranges of the numeric fields. chunk_bytes bounds what a rank
@@ -122,6 +124,7 @@ class Options:
     flight_recorder_dir: str = None  # type: ignore[assignment]
     health_public: bool = None  # type: ignore[assignment]
     tune_malloc: bool = None  # type: ignore[assignment]
+    shared_memory: bool = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         self._given = frozenset(

@@ -19,7 +19,7 @@ import grpc
 from torch_grpc_pg._proto import torch_grpc_pg_pb2 as pb
 
 EXCHANGE = "/torch_grpc_pg.ProcessGroupService/Exchange"
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = pb.PROTOCOL_VERSION_CURRENT
 NONCE_BYTES = 32
 OBSERVER_RANK = 0xFFFFFFFF  # what a monitoring tool claims in its Hello
 

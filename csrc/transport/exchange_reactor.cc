@@ -176,18 +176,38 @@ void ExchangeReactor::on_proof() {
   read_next();
 }
 
+void ExchangeReactor::fail_stream(const std::string& reason) {
+  group_->mailbox->fail(reason);
+  refuse(grpc::StatusCode::INVALID_ARGUMENT, reason);
+}
+
 void ExchangeReactor::on_frame() {
-  ReceivedFrame frame;
+  DecodedMessage message;
   try {
-    frame = decode_frame(std::move(read_buffer_), group_->max_payload_bytes);
+    message = decode_message(std::move(read_buffer_), group_->max_payload_bytes);
   } catch (const std::exception& e) {
-    const std::string reason = "rank " + std::to_string(src_) + " sent an unreadable frame (" + e.what() +
-                               "); are both ranks running the same torch-grpc-pg release and chunk_bytes?";
-    group_->mailbox->fail(reason);
-    refuse(grpc::StatusCode::INVALID_ARGUMENT, reason);
+    fail_stream("rank " + std::to_string(src_) + " sent an unreadable frame (" + e.what() +
+                "); are both ranks running the same torch-grpc-pg release and chunk_bytes?");
     return;
   }
   read_buffer_.Clear();
+  if (message.ring_offer) {
+    on_ring_offer(*message.ring_offer);
+    return;
+  }
+  ReceivedFrame& frame = message.frame;
+  if (message.ring_slot) {
+    try {
+      if (!ring_) throw std::runtime_error("this rank mapped no shared ring of that rank");
+      auto [payload, lease] = ring_->take(*message.ring_slot);
+      frame.payload = {payload};
+      frame.owner = std::move(lease);
+    } catch (const std::exception& e) {
+      fail_stream("rank " + std::to_string(src_) + " sent a frame whose payload is not in its shared ring (" +
+                  e.what() + "); are both ranks running the same torch-grpc-pg release?");
+      return;
+    }
+  }
   // The stream, not the header, says who sent the frame.
   frame.header.src_rank = static_cast<uint32_t>(src_);
   if (frame.header.kind == FrameKind::Abort) {
@@ -196,6 +216,38 @@ void ExchangeReactor::on_frame() {
     return;
   }
   if (group_->mailbox->deliver(src_, std::move(frame), gate_)) read_next();
+}
+
+void ExchangeReactor::on_ring_offer(const RingOffer& offer) {
+  if (ring_offered_) {
+    fail_stream("rank " + std::to_string(src_) + " offered a second shared ring on one stream");
+    return;
+  }
+  ring_offered_ = true;
+  // Declining costs nothing: the caller finds the ring unmapped and keeps
+  // sending inline.
+  if (!server_.config().shared_memory) {
+    read_next();
+    return;
+  }
+  std::string declined;
+  if (ctx_->peer().rfind("unix:", 0) != 0) {
+    // Only a caller that reached this rank's unix socket, which only this
+    // host's processes with access to the socket's directory can, may name a
+    // file of this host for it to open.
+    declined = "it came over " + ctx_->peer() + ", not a unix socket";
+  } else {
+    try {
+      ring_ = ReceiveRing::attach(offer, group_->max_payload_bytes);
+    } catch (const std::exception& e) {
+      declined = e.what();
+    }
+  }
+  if (!declined.empty()) {
+    log_warning("rank " + std::to_string(group_->rank) + " did not map the shared-memory ring that " + source() +
+                " offered (" + declined + "); that peer's chunks come through the socket instead.");
+  }
+  read_next();
 }
 
 void ExchangeReactor::OnCancel() {

@@ -13,6 +13,7 @@
 #include "transport/auth.h"
 #include "transport/mailbox.h"
 #include "transport/rank_server.h"
+#include "transport/shared_ring.h"
 
 namespace tgpg {
 
@@ -54,6 +55,9 @@ class ExchangeReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::B
   void on_hello();
   void on_proof();
   void on_frame();
+  void on_ring_offer(const RingOffer& offer);
+  // Fails the group (its peers hear why) and ends the stream.
+  void fail_stream(const std::string& reason);
   void read_next();
   void write(grpc::ByteBuffer message);
   // Ends the stream; a non-empty `reply` is written first, so the caller hears why.
@@ -77,6 +81,8 @@ class ExchangeReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::B
   int src_ = -1;
   bool attached_ = false;
   bool observer_ = false;  // a monitoring tool: it reads the status and leaves
+  bool ring_offered_ = false;
+  std::shared_ptr<ReceiveRing> ring_;  // the caller's shared ring, once mapped
 };
 
 }  // namespace tgpg

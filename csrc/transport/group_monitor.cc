@@ -70,9 +70,10 @@ void GroupMonitor::op_finished(uint64_t seq, const std::string& outcome) {
   }
 }
 
-void GroupMonitor::sent(uint64_t bytes) {
+void GroupMonitor::sent(uint64_t bytes, bool through_shared_ring) {
   std::lock_guard<std::mutex> lock(mutex_);
   state_.bytes_sent += bytes;
+  if (through_shared_ring) state_.bytes_sent_shared += bytes;
 }
 
 void GroupMonitor::received(uint64_t bytes) {
@@ -117,7 +118,7 @@ std::string GroupMonitor::to_json() const {
   out << "{\"group_key\": " << json_string(s.group_key) << ", \"rank\": " << s.rank << ", \"world_size\": " << s.world
       << ", \"failure\": " << json_string(s.failure) << ", \"ops_done\": " << s.ops_done
       << ", \"last_seq\": " << s.last_seq << ", \"bytes_sent\": " << s.bytes_sent
-      << ", \"bytes_received\": " << s.bytes_received << ", \"links\": [";
+      << ", \"bytes_sent_shared\": " << s.bytes_sent_shared << ", \"bytes_received\": " << s.bytes_received << ", \"links\": [";
   for (size_t i = 0; i < s.links.size(); ++i) out << (i ? ", " : "") << json_string(s.links[i]);
   out << "], \"waiting\": ";
   if (s.waiting) {

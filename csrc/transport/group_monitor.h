@@ -36,6 +36,7 @@ struct GroupSnapshot {
   std::vector<std::string> links;
   uint64_t ops_done = 0;
   uint64_t bytes_sent = 0;
+  uint64_t bytes_sent_shared = 0;  // of bytes_sent, those copied into a peer's shared ring
   uint64_t bytes_received = 0;
   bool waiting = false;
   WaitRecord wait;
@@ -57,7 +58,7 @@ class GroupMonitor {
   void op_started(uint64_t seq, const std::string& op, const std::string& dtype, uint64_t count);
   void op_finished(uint64_t seq, const std::string& outcome);  // "ok" or the error
 
-  void sent(uint64_t bytes);
+  void sent(uint64_t bytes, bool through_shared_ring);
   void received(uint64_t bytes);
   void begin_wait(int peer, const std::string& op, uint64_t seq, uint64_t offset);
   void end_wait();

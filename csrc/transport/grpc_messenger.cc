@@ -128,13 +128,21 @@ void GrpcMessenger::send(int dst, const FrameHeader& header, ByteView payload,
   } catch (const std::runtime_error& e) {
     throw CollectiveError(e.what());
   }
-  monitor_->sent(payload.size);
-  std::function<void()> release;
-  if (payload.size > 0) {
-    tracker->acquire();
-    release = [tracker] { tracker->release(); };
+  bool written = false;
+  if (std::optional<RingSlot> slot = target->put_in_ring(payload)) {
+    // Copied already: the tracker has nothing to wait for.
+    monitor_->sent(payload.size, /*through_shared_ring=*/true);
+    written = target->write(encode_ring_frame(header, *slot));
+  } else {
+    monitor_->sent(payload.size, /*through_shared_ring=*/false);
+    std::function<void()> release;
+    if (payload.size > 0) {
+      tracker->acquire();
+      release = [tracker] { tracker->release(); };
+    }
+    written = target->write(encode_frame(header, payload, std::move(release)));
   }
-  if (!target->write(encode_frame(header, payload, std::move(release)))) {
+  if (!written) {
     throw CollectiveError("the connection to rank " + std::to_string(dst) + " is closed" +
                           (failed() ? ": " + failure() : std::string()));
   }

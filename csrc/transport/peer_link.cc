@@ -15,8 +15,10 @@
 #include "transport/auth.h"
 #include "transport/channel_options.h"
 #include "transport/handshake.h"
+#include "transport/log.h"
 #include "transport/protocol.h"
 #include "transport/unix_channel.h"
+#include "transport/wire_format.h"
 
 namespace tgpg {
 namespace {
@@ -247,7 +249,10 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
 PeerLink::PeerLink(const std::string& target, const LinkIdentity& identity, const TransportConfig& config,
                    std::function<void(const std::string&)> on_failure)
     : description_("rank " + std::to_string(identity.src_rank) + " to rank " + std::to_string(identity.dst_rank) +
-                   " at " + target) {
+                   " at " + target),
+      ring_possible_(config.shared_memory && target.rfind("unix:", 0) == 0),
+      ring_slots_(static_cast<uint32_t>(std::clamp<size_t>(config.max_queued_frames, 1, kMaxRingSlots))),
+      ring_slot_bytes_(config.max_payload_bytes) {
   const grpc::ChannelArguments args = channel_arguments(config);
   // A channel over a socket of our own cannot reconnect: each try gets a new one.
   const bool own_socket = dials_own_unix_socket(target, config);
@@ -285,6 +290,26 @@ PeerLink::PeerLink(const std::string& target, const LinkIdentity& identity, cons
 }
 
 bool PeerLink::write(grpc::ByteBuffer frame) { return stream_->write(std::move(frame)); }
+
+std::optional<RingSlot> PeerLink::put_in_ring(ByteView payload) {
+  if (payload.size < kMinRingPayloadBytes) return std::nullopt;
+  std::lock_guard<std::mutex> lock(ring_mutex_);
+  if (!ring_possible_) return std::nullopt;
+  if (!ring_) {
+    try {
+      ring_ = std::make_unique<SendRing>(ring_slots_, ring_slot_bytes_);
+    } catch (const std::exception& e) {
+      ring_possible_ = false;
+      log_warning("could not make a shared-memory ring for " + description_ + " (" + e.what() +
+                  "); chunks to that peer go through the socket, which is slower. Set "
+                  "TORCH_GRPC_PG_SHARED_MEMORY=0 to stop trying.");
+      return std::nullopt;
+    }
+    // The peer maps the ring when it reads this; until then put() finds it unmapped.
+    if (!stream_->write(encode_ring_offer(ring_->offer()))) return std::nullopt;
+  }
+  return ring_->put(payload);
+}
 
 void PeerLink::begin_close() { stream_->begin_close(); }
 

@@ -6,8 +6,12 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 
+#include "algorithms/frame.h"
+#include "transport/shared_ring.h"
 #include "transport/transport_config.h"
 
 namespace tgpg {
@@ -36,6 +40,13 @@ class PeerLink {
   // False if the stream is broken or closing; the frame is dropped then.
   bool write(grpc::ByteBuffer frame);
 
+  // To a peer on this host: copies `payload` into this link's shared ring and
+  // says where, for a frame written next by encode_ring_frame. Nothing when the
+  // payload is small, the link crosses hosts, the peer has not mapped the ring
+  // (it is offered on the first call) or holds all its slots: the payload then
+  // goes inline.
+  std::optional<RingSlot> put_in_ring(ByteView payload);
+
   // Closing is split so that a group closes all its links at once: begin on
   // every link, then wait on each under one deadline, past which the stream is cut.
   void begin_close();
@@ -47,6 +58,11 @@ class PeerLink {
   std::string description_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<Stream> stream_;
+  std::mutex ring_mutex_;
+  bool ring_possible_;
+  uint32_t ring_slots_;
+  uint64_t ring_slot_bytes_;
+  std::unique_ptr<SendRing> ring_;
 };
 
 }  // namespace tgpg

@@ -23,6 +23,7 @@ torch_grpc_pg::Frame status_frame(const std::vector<GroupSnapshot>& groups) {
     out->set_ops_done(g.ops_done);
     out->set_bytes_sent(g.bytes_sent);
     out->set_bytes_received(g.bytes_received);
+    out->set_bytes_sent_shared(g.bytes_sent_shared);
     out->set_failure(g.failure);
     out->set_last_seq(g.last_seq);
     if (g.waiting) {

@@ -26,6 +26,7 @@ struct TransportConfig {
   std::string flight_recorder_dir;    // where a failed group writes its record; empty: nowhere
   bool health_public = false;         // serve grpc.health.v1 to callers that have not authenticated
   bool tune_malloc = true;            // keep_freed_memory_for_reuse() when the server starts
+  bool shared_memory = true;          // chunks to and from peers on this host through a shared ring
 
   bool tls_enabled() const { return !tls_cert_file.empty() || !tls_ca_file.empty(); }
 };

@@ -15,6 +15,7 @@ namespace {
 // Protobuf tags of Frame's fields: (field number << 3) | wire type 2 (length-delimited).
 constexpr uint8_t kHeaderTag = (1 << 3) | 2;
 constexpr uint8_t kPayloadTag = (2 << 3) | 2;
+constexpr uint8_t kRingOfferTag = (8 << 3) | 2;
 
 void append_varint(std::string& out, uint64_t value) {
   while (value >= 0x80) {
@@ -138,21 +139,26 @@ void release_payload(void* user_data) {
   if (owned->release) owned->release();
 }
 
-}  // namespace
-
-grpc::ByteBuffer encode_frame(const FrameHeader& header, ByteView payload,
-                              std::function<void()> release) {
-  const std::string header_bytes = to_proto(header).SerializeAsString();
+// Field 1 (the header) and the tag and length of field 2 (the payload), whose
+// bytes follow in a slice of their own, if any.
+std::string frame_prefix(const torch_grpc_pg::FrameHeader& header, size_t payload_bytes) {
+  const std::string header_bytes = header.SerializeAsString();
   std::string prefix;
   prefix.reserve(header_bytes.size() + 24);
   prefix.push_back(static_cast<char>(kHeaderTag));
   append_varint(prefix, header_bytes.size());
   prefix += header_bytes;
   prefix.push_back(static_cast<char>(kPayloadTag));
-  append_varint(prefix, payload.size);
+  append_varint(prefix, payload_bytes);
+  return prefix;
+}
 
+}  // namespace
+
+grpc::ByteBuffer encode_frame(const FrameHeader& header, ByteView payload,
+                              std::function<void()> release) {
   std::vector<grpc::Slice> slices;
-  slices.emplace_back(prefix);
+  slices.emplace_back(frame_prefix(to_proto(header), payload.size));
   if (payload.size > 0) {
     // gRPC takes ownership of the release hook and calls it when it drops the slice.
     auto hook = std::make_unique<PayloadRelease>(PayloadRelease{std::move(release)});
@@ -164,21 +170,54 @@ grpc::ByteBuffer encode_frame(const FrameHeader& header, ByteView payload,
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
-ReceivedFrame decode_frame(grpc::ByteBuffer&& buffer, size_t max_payload_bytes) {
+grpc::ByteBuffer encode_ring_frame(const FrameHeader& header, const RingSlot& slot) {
+  torch_grpc_pg::FrameHeader proto = to_proto(header);
+  auto* ring_slot = proto.mutable_ring_slot();
+  ring_slot->set_index(slot.index);
+  ring_slot->set_seq(slot.seq);
+  ring_slot->set_bytes(slot.bytes);
+  grpc::Slice only(frame_prefix(proto, 0));
+  return grpc::ByteBuffer(&only, 1);
+}
+
+grpc::ByteBuffer encode_ring_offer(const RingOffer& offer) {
+  torch_grpc_pg::Frame frame;
+  auto* proto = frame.mutable_ring_offer();
+  proto->set_pid(offer.pid);
+  proto->set_fd(offer.fd);
+  proto->set_slots(offer.slots);
+  proto->set_slot_bytes(offer.slot_bytes);
+  proto->set_token(offer.token);
+  grpc::Slice only(frame.SerializeAsString());
+  return grpc::ByteBuffer(&only, 1);
+}
+
+DecodedMessage decode_message(grpc::ByteBuffer&& buffer, size_t max_payload_bytes) {
   auto slices = std::make_shared<std::vector<grpc::Slice>>();
   if (!buffer.Dump(slices.get()).ok()) throw std::runtime_error("unreadable frame");
   SliceReader reader(*slices);
-  if (reader.byte() != kHeaderTag) throw std::runtime_error("frame does not start with a header");
+  const uint8_t first_tag = reader.byte();
+  if (first_tag != kHeaderTag && first_tag != kRingOfferTag) {
+    throw std::runtime_error("frame does not start with a header");
+  }
   const uint64_t header_size = reader.varint();
   if (header_size > kMaxHeaderBytes) {
     throw std::runtime_error("frame header of " + std::to_string(header_size) + " bytes exceeds " +
                              std::to_string(kMaxHeaderBytes));
   }
   const std::string header_bytes = reader.bytes(header_size);
+  DecodedMessage message;
+  if (first_tag == kRingOfferTag) {
+    torch_grpc_pg::RingOffer proto;
+    if (!proto.ParseFromString(header_bytes)) throw std::runtime_error("malformed ring offer");
+    if (!reader.at_end()) throw std::runtime_error("a ring offer carries something else too");
+    message.ring_offer = RingOffer{proto.pid(), proto.fd(), proto.slots(), proto.slot_bytes(), proto.token()};
+    return message;
+  }
   torch_grpc_pg::FrameHeader proto;
   if (!proto.ParseFromString(header_bytes)) throw std::runtime_error("malformed frame header");
 
-  ReceivedFrame frame;
+  ReceivedFrame& frame = message.frame;
   frame.header = from_proto(proto);
   // proto3 encoders leave out an empty payload field; ours always writes it.
   if (!reader.at_end()) {
@@ -191,8 +230,25 @@ ReceivedFrame decode_frame(grpc::ByteBuffer&& buffer, size_t max_payload_bytes) 
     frame.payload = reader.rest();
     if (frame.payload_bytes() != payload_size) throw std::runtime_error("frame payload is truncated");
   }
+  if (proto.has_ring_slot()) {
+    const auto& slot = proto.ring_slot();
+    if (frame.header.kind != FrameKind::Data || !frame.payload.empty()) {
+      throw std::runtime_error("a frame names a ring slot and carries a payload or an abort too");
+    }
+    if (slot.bytes() > max_payload_bytes) {
+      throw std::runtime_error("ring slot payload of " + std::to_string(slot.bytes()) + " bytes exceeds the " +
+                               std::to_string(max_payload_bytes) + " bytes of a chunk");
+    }
+    message.ring_slot = RingSlot{slot.index(), slot.seq(), slot.bytes()};
+  }
   frame.owner = std::move(slices);
-  return frame;
+  return message;
+}
+
+ReceivedFrame decode_frame(grpc::ByteBuffer&& buffer, size_t max_payload_bytes) {
+  DecodedMessage message = decode_message(std::move(buffer), max_payload_bytes);
+  if (message.ring_offer || message.ring_slot) throw std::runtime_error("a shared-ring message where a frame was expected");
+  return std::move(message.frame);
 }
 
 }  // namespace tgpg

@@ -4,8 +4,10 @@
 
 #include <cstddef>
 #include <functional>
+#include <optional>
 
 #include "algorithms/frame.h"
+#include "transport/shared_ring.h"
 
 namespace tgpg {
 
@@ -22,10 +24,28 @@ constexpr size_t kMaxAbortTextBytes = 4 << 10;
 grpc::ByteBuffer encode_frame(const FrameHeader& header, ByteView payload,
                               std::function<void()> release);
 
-// Parses a received data Frame without copying the payload: the returned
-// views point into the buffer's slices, which the frame keeps alive. Throws
+// A data frame whose payload lies in slot `slot` of the sender's shared ring.
+grpc::ByteBuffer encode_ring_frame(const FrameHeader& header, const RingSlot& slot);
+
+// A Frame holding only the sender's ring offer.
+grpc::ByteBuffer encode_ring_offer(const RingOffer& offer);
+
+// What an open Exchange stream may carry: a frame (whose payload may lie in
+// the sender's ring instead of in the message) or the sender's ring offer.
+struct DecodedMessage {
+  ReceivedFrame frame;                  // unless this is a ring offer
+  std::optional<RingSlot> ring_slot;    // the frame's payload is there, not in `frame`
+  std::optional<RingOffer> ring_offer;  // the message is this, and nothing else
+};
+
+// Parses a received message without copying the payload: the returned views
+// point into the buffer's slices, which the frame keeps alive. Throws
 // std::runtime_error on anything but a well-formed data or abort frame with
-// at most `max_payload_bytes` of payload.
+// at most `max_payload_bytes` of payload (inline or in a ring slot), or a ring
+// offer.
+DecodedMessage decode_message(grpc::ByteBuffer&& buffer, size_t max_payload_bytes);
+
+// decode_message for callers that take only frames with their payload inline.
 ReceivedFrame decode_frame(grpc::ByteBuffer&& buffer, size_t max_payload_bytes);
 
 }  // namespace tgpg

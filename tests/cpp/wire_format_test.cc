@@ -244,6 +244,60 @@ TEST(WireFormat, RejectsBadTagsAndTrailingBytes) {
   EXPECT_THROW(decode(""), std::runtime_error);
 }
 
+// Between ranks on one host the payload may lie in the sender's shared ring:
+// the frame then names a slot, and carries no payload of its own.
+TEST(WireFormat, RingFramesAndOffersRoundTrip) {
+  const tgpg::RingSlot slot{5, 123456789, 2 << 20};
+  grpc::ByteBuffer ring_frame = tgpg::encode_ring_frame(sample_header(), slot);
+  const std::string ring_frame_bytes = flatten(ring_frame);
+  tgpg::DecodedMessage message = tgpg::decode_message(std::move(ring_frame), 2 << 20);
+  expect_same_header(message.frame.header, sample_header());
+  EXPECT_TRUE(message.frame.payload.empty());
+  ASSERT_TRUE(message.ring_slot);
+  EXPECT_EQ(message.ring_slot->index, slot.index);
+  EXPECT_EQ(message.ring_slot->seq, slot.seq);
+  EXPECT_EQ(message.ring_slot->bytes, slot.bytes);
+  EXPECT_FALSE(message.ring_offer);
+  EXPECT_THROW(tgpg::decode_message(slices_of(ring_frame_bytes), (2 << 20) - 1), std::runtime_error)
+      << "a slot holding more than a chunk";
+  EXPECT_THROW(decode(ring_frame_bytes, {}, 2 << 20), std::runtime_error) << "decode_frame takes inline payloads only";
+
+  const tgpg::RingOffer offer{4242, 17, 8, 2 << 20, std::string(32, 't')};
+  message = tgpg::decode_message(tgpg::encode_ring_offer(offer), kPayloadLimit);
+  ASSERT_TRUE(message.ring_offer);
+  EXPECT_FALSE(message.ring_slot);
+  EXPECT_EQ(message.ring_offer->pid, offer.pid);
+  EXPECT_EQ(message.ring_offer->fd, offer.fd);
+  EXPECT_EQ(message.ring_offer->slots, offer.slots);
+  EXPECT_EQ(message.ring_offer->slot_bytes, offer.slot_bytes);
+  EXPECT_EQ(message.ring_offer->token, offer.token);
+
+  // A plain frame names no slot and offers nothing.
+  message = tgpg::decode_message(slices_of(encoded(sample_header(), "abc")), kPayloadLimit);
+  EXPECT_FALSE(message.ring_slot);
+  EXPECT_FALSE(message.ring_offer);
+}
+
+TEST(WireFormat, RejectsRingFramesThatCarryMoreThanTheirSlot) {
+  torch_grpc_pg::Frame both;
+  both.mutable_header()->mutable_ring_slot()->set_bytes(3);
+  both.set_payload("abc");
+  EXPECT_THROW(tgpg::decode_message(slices_of(both.SerializeAsString()), kPayloadLimit), std::runtime_error)
+      << "a slot and an inline payload";
+
+  torch_grpc_pg::Frame abort;
+  abort.mutable_header()->set_kind(torch_grpc_pg::FRAME_KIND_ABORT);
+  abort.mutable_header()->mutable_ring_slot()->set_bytes(3);
+  EXPECT_THROW(tgpg::decode_message(slices_of(abort.SerializeAsString()), kPayloadLimit), std::runtime_error)
+      << "an abort with a slot";
+
+  torch_grpc_pg::Frame offer_and_more;
+  offer_and_more.mutable_ring_offer()->set_slots(1);
+  const std::string trailing = offer_and_more.SerializeAsString() + encoded(sample_header(), "x");
+  EXPECT_THROW(tgpg::decode_message(slices_of(trailing), kPayloadLimit), std::runtime_error)
+      << "an offer followed by a frame";
+}
+
 TEST(WireFormat, RejectsOverlongVarints) {
   // Eleven continuation bytes: longer than any 64-bit varint.
   EXPECT_THROW(decode(std::string("\x0a") + std::string(11, '\x80') + '\x01'), std::runtime_error);

@@ -1,4 +1,4 @@
-// libFuzzer target: decode_frame on arbitrary messages cut into arbitrary
+// libFuzzer target: decode_message on arbitrary messages cut into arbitrary
 // slices. Throwing std::runtime_error is the only acceptable way to refuse
 // one; a crash, a sanitizer report or a leak is a bug.
 
@@ -24,7 +24,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   grpc::ByteBuffer buffer;
   if (!tgpg_fuzz::to_message(data, size, &buffer)) return 0;
   try {
-    const tgpg::ReceivedFrame frame = tgpg::decode_frame(std::move(buffer), kMaxPayloadBytes);
+    const tgpg::DecodedMessage message = tgpg::decode_message(std::move(buffer), kMaxPayloadBytes);
+    const tgpg::ReceivedFrame& frame = message.frame;
+    if (message.ring_slot && (message.ring_slot->bytes > kMaxPayloadBytes || !frame.payload.empty())) __builtin_trap();
+    if (message.ring_offer) {
+      volatile size_t token = message.ring_offer->token.size();
+      (void)token;
+    }
     // Read everything the frame claims to hold, so that a view past its
     // slice shows up under AddressSanitizer.
     if (frame.payload_bytes() > kMaxPayloadBytes) __builtin_trap();

@@ -1,0 +1,248 @@
+#include "transport/shared_ring.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <functional>
+#include <new>
+#include <stdexcept>
+#include <utility>
+
+namespace tgpg {
+namespace {
+
+constexpr uint64_t kRingMagic = 0x31676e6972677074;  // "tpgring1", little-endian
+constexpr size_t kPageBytes = 4096;
+constexpr size_t kTokenBytes = 32;
+constexpr char kMemfdName[] = "torch_grpc_pg-ring";
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
+              "two processes share the ring's atomics, which only lock-free atomics allow");
+
+// At the start of the file.
+struct RingHeader {
+  uint64_t magic;
+  char token[kTokenBytes];
+  std::atomic<uint32_t> attached;  // set by the receiver once it has mapped the file
+};
+
+// One per slot, after the header; a cache line each, so that the two processes
+// do not write to one line for different slots.
+struct alignas(64) SlotState {
+  std::atomic<uint32_t> full;  // 1 from the sender's put until the receiver drops the frame
+  std::atomic<uint64_t> seq;   // the put that filled it, stored before `full`
+};
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+size_t states_offset() { return round_up(sizeof(RingHeader), alignof(SlotState)); }
+size_t data_offset(uint32_t slots) { return round_up(states_offset() + slots * sizeof(SlotState), kPageBytes); }
+size_t slot_stride(uint64_t slot_bytes) { return round_up(slot_bytes, kPageBytes); }
+
+std::string system_error(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+// Not a secret: it tells the receiver that the file it opened is the one offered.
+std::string random_token() {
+  std::string token(kTokenBytes, '\0');
+  size_t filled = 0;
+  while (filled < token.size()) {
+    const ssize_t got = ::getrandom(token.data() + filled, token.size() - filled, 0);
+    if (got < 0 && errno != EINTR) throw std::runtime_error(system_error("getrandom"));
+    if (got > 0) filled += static_cast<size_t>(got);
+  }
+  return token;
+}
+
+}  // namespace
+
+struct RingMapping {
+  int fd = -1;
+  std::byte* base = nullptr;
+  size_t bytes = 0;
+  uint32_t slots = 0;
+  uint64_t slot_bytes = 0;
+
+  RingMapping(uint32_t slot_count, uint64_t bytes_per_slot)
+      : bytes(ring_file_bytes(slot_count, bytes_per_slot)), slots(slot_count), slot_bytes(bytes_per_slot) {}
+  ~RingMapping() {
+    if (base != nullptr) ::munmap(base, bytes);
+    if (fd >= 0) ::close(fd);
+  }
+  RingMapping(const RingMapping&) = delete;
+  RingMapping& operator=(const RingMapping&) = delete;
+
+  void map() {
+    void* mapped = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (mapped == MAP_FAILED) throw std::runtime_error(system_error("mmap"));
+    base = static_cast<std::byte*>(mapped);
+  }
+  RingHeader& header() { return *reinterpret_cast<RingHeader*>(base); }
+  SlotState& state(uint32_t index) { return reinterpret_cast<SlotState*>(base + states_offset())[index]; }
+  std::byte* slot(uint32_t index) { return base + data_offset(slots) + index * slot_stride(slot_bytes); }
+};
+
+size_t ring_file_bytes(uint32_t slots, uint64_t slot_bytes) {
+  if (slots == 0 || slots > kMaxRingSlots || slot_bytes == 0 || slot_bytes > (uint64_t{1} << 32)) return 0;
+  return data_offset(slots) + slots * slot_stride(slot_bytes);
+}
+
+SendRing::SendRing(uint32_t slots, uint64_t slot_bytes)
+    : mapping_(std::make_unique<RingMapping>(slots, slot_bytes)), token_(random_token()) {
+  RingMapping& m = *mapping_;
+  if (m.bytes == 0) {
+    throw std::runtime_error("a ring of " + std::to_string(slots) + " slots of " + std::to_string(slot_bytes) +
+                             " bytes is out of bounds");
+  }
+  m.fd = ::memfd_create(kMemfdName, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (m.fd < 0) throw std::runtime_error(system_error("memfd_create"));
+  if (::ftruncate(m.fd, static_cast<off_t>(m.bytes)) != 0) throw std::runtime_error(system_error("ftruncate"));
+  // A file shrunk under the receiver's mapping would kill it with SIGBUS at
+  // its next read; sealed, the size is fixed for good.
+  if (::fcntl(m.fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    throw std::runtime_error(system_error("sealing the ring's memory file"));
+  }
+  m.map();
+  // The file starts zeroed, which is every atomic's initial value; placement
+  // new only begins the objects' lifetimes in the mapping.
+  RingHeader* header = new (m.base) RingHeader{};
+  header->magic = kRingMagic;
+  std::memcpy(header->token, token_.data(), kTokenBytes);
+  for (uint32_t i = 0; i < m.slots; ++i) new (&m.state(i)) SlotState{};
+}
+
+SendRing::~SendRing() = default;
+
+RingOffer SendRing::offer() const {
+  return RingOffer{static_cast<uint32_t>(::getpid()), mapping_->fd, mapping_->slots, mapping_->slot_bytes, token_};
+}
+
+std::optional<RingSlot> SendRing::put(ByteView payload) {
+  RingMapping& m = *mapping_;
+  if (payload.size > m.slot_bytes) return std::nullopt;
+  if (m.header().attached.load(std::memory_order_acquire) == 0) return std::nullopt;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (uint32_t tried = 0; tried < m.slots; ++tried) {
+    const uint32_t index = (next_ + tried) % m.slots;
+    SlotState& state = m.state(index);
+    // Acquire: the receiver's last reads of the slot come before its release.
+    if (state.full.load(std::memory_order_acquire) != 0) continue;
+    if (payload.size > 0) std::memcpy(m.slot(index), payload.data, payload.size);
+    const uint64_t seq = ++seq_;
+    state.seq.store(seq, std::memory_order_relaxed);
+    // Release: a receiver that sees the slot full sees its data and seq.
+    state.full.store(1, std::memory_order_release);
+    next_ = (index + 1) % m.slots;
+    return RingSlot{index, seq, payload.size};
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+// Gives a slot back to the sender when the last copy of its frame is dropped.
+class SlotLease {
+ public:
+  SlotLease(std::shared_ptr<ReceiveRing> ring, std::function<void()> release)
+      : ring_(std::move(ring)), release_(std::move(release)) {}
+  ~SlotLease() { release_(); }
+  SlotLease(const SlotLease&) = delete;
+  SlotLease& operator=(const SlotLease&) = delete;
+
+ private:
+  std::shared_ptr<ReceiveRing> ring_;  // keeps the mapping until the frame is gone
+  std::function<void()> release_;
+};
+
+}  // namespace
+
+std::shared_ptr<ReceiveRing> ReceiveRing::attach(const RingOffer& offer, uint64_t expected_slot_bytes) {
+  if (offer.slot_bytes != expected_slot_bytes) {
+    throw std::runtime_error("its slots hold " + std::to_string(offer.slot_bytes) + " bytes, not the group's " +
+                             std::to_string(expected_slot_bytes) + " (chunk_bytes)");
+  }
+  auto m = std::make_unique<RingMapping>(offer.slots, offer.slot_bytes);
+  if (m->bytes == 0) {
+    throw std::runtime_error("it has " + std::to_string(offer.slots) + " slots, where 1 to " +
+                             std::to_string(kMaxRingSlots) + " are allowed");
+  }
+  if (offer.pid == 0 || offer.fd < 0 || offer.token.size() != kTokenBytes) {
+    throw std::runtime_error("it names no process, no file or no token");
+  }
+  const std::string path = "/proc/" + std::to_string(offer.pid) + "/fd/" + std::to_string(offer.fd);
+  // Only a memory file, so that a forged offer cannot make this process open
+  // a device or a pipe of the peer's. The peer could swap the descriptor after
+  // this check, but a peer that authenticated can send any data anyway; the
+  // checks on the opened file below are what keep this process safe.
+  char target[64] = {};
+  const ssize_t length = ::readlink(path.c_str(), target, sizeof(target) - 1);
+  if (length < 0) throw std::runtime_error(system_error("reading " + path));
+  if (std::strncmp(target, "/memfd:", 7) != 0) {
+    throw std::runtime_error(path + " is not a memory file");
+  }
+  m->fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (m->fd < 0) throw std::runtime_error(system_error("opening " + path));
+  struct stat info = {};
+  if (::fstat(m->fd, &info) != 0) throw std::runtime_error(system_error("fstat"));
+  if (!S_ISREG(info.st_mode) || static_cast<uint64_t>(info.st_size) != m->bytes) {
+    throw std::runtime_error("the file has " + std::to_string(info.st_size) + " bytes, not the " +
+                             std::to_string(m->bytes) + " its shape needs");
+  }
+  const int seals = ::fcntl(m->fd, F_GET_SEALS);
+  if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
+    throw std::runtime_error("the file is not sealed against resizing");
+  }
+  m->map();
+  // The mapping keeps the file; this process has no other use for the descriptor.
+  ::close(std::exchange(m->fd, -1));
+  if (m->header().magic != kRingMagic || std::memcmp(m->header().token, offer.token.data(), kTokenBytes) != 0) {
+    throw std::runtime_error("the file does not hold the offer's token");
+  }
+  auto ring = std::make_shared<ReceiveRing>(PrivateTag{}, std::move(m));
+  ring->mapping_->header().attached.store(1, std::memory_order_release);
+  return ring;
+}
+
+ReceiveRing::ReceiveRing(PrivateTag, std::unique_ptr<RingMapping> mapping)
+    : mapping_(std::move(mapping)), held_(mapping_->slots, false) {}
+
+ReceiveRing::~ReceiveRing() = default;
+
+std::pair<ByteView, std::shared_ptr<const void>> ReceiveRing::take(const RingSlot& slot) {
+  RingMapping& m = *mapping_;
+  if (slot.index >= m.slots) {
+    throw std::runtime_error("it refers to slot " + std::to_string(slot.index) + " of a ring of " +
+                             std::to_string(m.slots));
+  }
+  if (slot.bytes > m.slot_bytes) {
+    throw std::runtime_error("it puts " + std::to_string(slot.bytes) + " bytes in a slot of " +
+                             std::to_string(m.slot_bytes));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (held_[slot.index]) {
+      throw std::runtime_error("slot " + std::to_string(slot.index) + " is still held by an earlier frame");
+    }
+    SlotState& state = m.state(slot.index);
+    if (state.full.load(std::memory_order_acquire) != 1 || state.seq.load(std::memory_order_relaxed) != slot.seq) {
+      throw std::runtime_error("slot " + std::to_string(slot.index) + " holds no data of put #" +
+                               std::to_string(slot.seq));
+    }
+    held_[slot.index] = true;
+  }
+  const uint32_t index = slot.index;
+  auto lease = std::make_shared<SlotLease>(shared_from_this(), [this, index] { release(index); });
+  return {ByteView{m.slot(index), slot.bytes}, std::move(lease)};
+}
+
+void ReceiveRing::release(uint32_t index) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  held_[index] = false;
+  mapping_->state(index).full.store(0, std::memory_order_release);
+}
+
+}  // namespace tgpg

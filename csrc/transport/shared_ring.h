@@ -1,0 +1,115 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "algorithms/frame.h"
+
+namespace tgpg {
+
+// Between two ranks on one host, a chunk sent through gRPC is copied three
+// times: into the socket, out of it into gRPC's buffer, and out of that into
+// the tensor. Gloo's receiver reads straight into the tensor, so it copies
+// twice. A shared ring brings grpc to two as well, neither in the kernel: the
+// sender copies the chunk into a slot of a memory file that both processes
+// map, and the receiver reduces or copies from that slot into place. The
+// frame's header still travels on the link's gRPC stream, so frames keep their
+// order, a dead peer still breaks the stream, and every header is checked as
+// before; only the payload moves aside.
+//
+// The sender never waits for a slot: when the receiver holds them all (a ring
+// schedule sends a whole segment before it receives), or has not mapped the
+// ring, the chunk goes inline on the stream as it always did.
+
+// What the sender announces on its stream so that the receiver can map the ring.
+struct RingOffer {
+  uint32_t pid = 0;     // the sender's process
+  int32_t fd = -1;      // its descriptor of the memory file
+  uint32_t slots = 0;
+  uint64_t slot_bytes = 0;
+  std::string token;    // also written in the file: proves the receiver opened the right one
+};
+
+// Where one frame's payload lies in the ring.
+struct RingSlot {
+  uint32_t index = 0;
+  uint64_t seq = 0;     // which put filled the slot; a stale or forged reference fails
+  uint64_t bytes = 0;
+};
+
+// The memory file mapped into this process; defined in shared_ring.cc.
+struct RingMapping;
+
+// The most slots a receiver maps for one stream.
+constexpr uint32_t kMaxRingSlots = 64;
+
+// Chunks below this go inline: the copy they would save is smaller than the
+// bookkeeping, and small messages keep their one-message latency.
+constexpr size_t kMinRingPayloadBytes = 64 << 10;
+
+// Bytes of the memory file for a ring of this shape, or 0 if the shape is out
+// of bounds (no slots, too many, or a size that would overflow).
+size_t ring_file_bytes(uint32_t slots, uint64_t slot_bytes);
+
+// The sending side: owns the memory file. One per link, used by the group's
+// sending threads under its own lock.
+class SendRing {
+ public:
+  // Throws std::runtime_error when the file cannot be made (no memfd_create,
+  // no memory); the link then sends everything inline.
+  SendRing(uint32_t slots, uint64_t slot_bytes);
+  ~SendRing();
+  SendRing(const SendRing&) = delete;
+  SendRing& operator=(const SendRing&) = delete;
+
+  RingOffer offer() const;
+
+  // Copies `payload` into a free slot. Nothing when the receiver has not
+  // mapped the ring yet, holds every slot, or the payload exceeds a slot.
+  std::optional<RingSlot> put(ByteView payload);
+
+ private:
+  std::unique_ptr<RingMapping> mapping_;
+  std::string token_;
+  std::mutex mutex_;
+  uint32_t next_ = 0;
+  uint64_t seq_ = 0;
+};
+
+// The receiving side: the sender's file, mapped. Frames that refer to a slot
+// hold it (through ReceivedFrame::owner) until they are dropped, and only then
+// may the sender fill it again.
+class ReceiveRing : public std::enable_shared_from_this<ReceiveRing> {
+ public:
+  // Opens the file the offer names through /proc, which the kernel allows only
+  // for a process this one could inspect (the same user). Refuses anything but
+  // a memory file sealed against resizing (so that it cannot shrink under the
+  // mapping), of exactly the size the shape needs, holding the offer's token,
+  // with `expected_slot_bytes` per slot. Throws std::runtime_error saying why.
+  static std::shared_ptr<ReceiveRing> attach(const RingOffer& offer, uint64_t expected_slot_bytes);
+
+  struct PrivateTag {};  // only attach() makes rings; make_shared needs a public constructor
+  ReceiveRing(PrivateTag, std::unique_ptr<RingMapping> mapping);
+  ~ReceiveRing();
+  ReceiveRing(const ReceiveRing&) = delete;
+  ReceiveRing& operator=(const ReceiveRing&) = delete;
+
+  // The payload a frame refers to, and the lease that gives the slot back when
+  // dropped. Throws std::runtime_error for a slot out of range, already held,
+  // not filled, filled by another put, or a size over the slot's.
+  std::pair<ByteView, std::shared_ptr<const void>> take(const RingSlot& slot);
+
+ private:
+  void release(uint32_t index);
+
+  std::unique_ptr<RingMapping> mapping_;
+  std::mutex mutex_;
+  std::vector<bool> held_;
+};
+
+}  // namespace tgpg

@@ -1,0 +1,194 @@
+// SendRing / ReceiveRing: payloads round-trip through the shared file, the
+// sender falls back (never waits) when the receiver holds every slot, and the
+// receiver refuses every offer and slot reference it cannot trust.
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "transport/shared_ring.h"
+
+namespace tgpg_test {
+namespace {
+
+constexpr uint32_t kSlots = 4;
+constexpr uint64_t kSlotBytes = 64 << 10;
+
+std::vector<std::byte> pattern(size_t n, int seed) {
+  std::vector<std::byte> bytes(n);
+  for (size_t i = 0; i < n; ++i) bytes[i] = static_cast<std::byte>((i * 131 + seed) & 0xff);
+  return bytes;
+}
+
+tgpg::ByteView view(const std::vector<std::byte>& bytes) { return {bytes.data(), bytes.size()}; }
+
+std::vector<std::byte> contents(tgpg::ByteView v) { return {v.data, v.data + v.size}; }
+
+// A descriptor closed at the end of the test.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {
+    if (fd_ < 0) throw std::runtime_error("could not make a file for the test");
+  }
+  ~Fd() { ::close(fd_); }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+TEST(SharedRing, PayloadRoundTripsOnceTheReceiverMapsTheRing) {
+  tgpg::SendRing sender(kSlots, kSlotBytes);
+  const auto data = pattern(kSlotBytes, 1);
+  EXPECT_FALSE(sender.put(view(data))) << "nothing goes into a ring the receiver has not mapped";
+
+  auto receiver = tgpg::ReceiveRing::attach(sender.offer(), kSlotBytes);
+  const auto slot = sender.put(view(data));
+  ASSERT_TRUE(slot);
+  EXPECT_EQ(slot->bytes, data.size());
+  auto [payload, lease] = receiver->take(*slot);
+  EXPECT_EQ(contents(payload), data);
+}
+
+TEST(SharedRing, SenderFallsBackWhileTheReceiverHoldsEverySlot) {
+  tgpg::SendRing sender(kSlots, kSlotBytes);
+  auto receiver = tgpg::ReceiveRing::attach(sender.offer(), kSlotBytes);
+  std::vector<std::shared_ptr<const void>> leases;
+  std::vector<std::vector<std::byte>> sent;
+  for (uint32_t i = 0; i < kSlots; ++i) {
+    sent.push_back(pattern(1000 + i, static_cast<int>(i)));
+    const auto slot = sender.put(view(sent.back()));
+    ASSERT_TRUE(slot) << "slot " << i;
+    auto [payload, lease] = receiver->take(*slot);
+    EXPECT_EQ(contents(payload), sent.back());
+    leases.push_back(std::move(lease));
+  }
+  const auto more = pattern(10, 9);
+  EXPECT_FALSE(sender.put(view(more))) << "every slot is held: the payload must go inline";
+
+  // Giving one back frees exactly that slot; the others keep their data.
+  leases[2].reset();
+  const auto slot = sender.put(view(more));
+  ASSERT_TRUE(slot);
+  EXPECT_EQ(slot->index, 2u);
+  EXPECT_FALSE(sender.put(view(more)));
+}
+
+TEST(SharedRing, PayloadLargerThanASlotGoesInline) {
+  tgpg::SendRing sender(kSlots, kSlotBytes);
+  auto receiver = tgpg::ReceiveRing::attach(sender.offer(), kSlotBytes);
+  EXPECT_FALSE(sender.put(view(pattern(kSlotBytes + 1, 0))));
+}
+
+TEST(SharedRing, LeaseOutlivesTheReceiversHandle) {
+  tgpg::SendRing sender(kSlots, kSlotBytes);
+  auto receiver = tgpg::ReceiveRing::attach(sender.offer(), kSlotBytes);
+  const auto data = pattern(4096, 3);
+  auto [payload, lease] = receiver->take(*sender.put(view(data)));
+  receiver.reset();  // the stream ended; a queued frame still holds its slot
+  EXPECT_EQ(contents(payload), data);
+  lease.reset();     // unmaps here; the sanitizers see any use after it
+}
+
+TEST(SharedRing, ReceiverRefusesBadSlotReferences) {
+  tgpg::SendRing sender(kSlots, kSlotBytes);
+  auto receiver = tgpg::ReceiveRing::attach(sender.offer(), kSlotBytes);
+  const auto data = pattern(100, 4);
+  const tgpg::RingSlot good = *sender.put(view(data));
+
+  EXPECT_THROW(receiver->take({kSlots, good.seq, good.bytes}), std::runtime_error) << "index out of range";
+  EXPECT_THROW(receiver->take({good.index, good.seq, kSlotBytes + 1}), std::runtime_error) << "more than a slot";
+  EXPECT_THROW(receiver->take({good.index, good.seq + 1, good.bytes}), std::runtime_error) << "another put's seq";
+  EXPECT_THROW(receiver->take({(good.index + 1) % kSlots, 1, 10}), std::runtime_error) << "a slot never filled";
+
+  auto held = receiver->take(good);
+  EXPECT_THROW(receiver->take(good), std::runtime_error) << "a slot still held by an earlier frame";
+  held.second.reset();
+  EXPECT_THROW(receiver->take(good), std::runtime_error) << "a slot already given back";
+}
+
+TEST(SharedRing, ReceiverRefusesOffersOfTheWrongShape) {
+  tgpg::SendRing sender(kSlots, kSlotBytes);
+  tgpg::RingOffer offer = sender.offer();
+  EXPECT_THROW(tgpg::ReceiveRing::attach(offer, kSlotBytes * 2), std::runtime_error) << "another chunk size";
+
+  tgpg::RingOffer bad = offer;
+  bad.slots = 0;
+  EXPECT_THROW(tgpg::ReceiveRing::attach(bad, kSlotBytes), std::runtime_error) << "no slots";
+  bad.slots = tgpg::kMaxRingSlots + 1;
+  EXPECT_THROW(tgpg::ReceiveRing::attach(bad, kSlotBytes), std::runtime_error) << "too many slots";
+  bad = offer;
+  bad.slots = kSlots - 1;
+  EXPECT_THROW(tgpg::ReceiveRing::attach(bad, kSlotBytes), std::runtime_error) << "a size the file does not have";
+  bad = offer;
+  bad.token[0] = static_cast<char>(bad.token[0] ^ 1);
+  EXPECT_THROW(tgpg::ReceiveRing::attach(bad, kSlotBytes), std::runtime_error) << "another token";
+  bad = offer;
+  bad.token.resize(8);
+  EXPECT_THROW(tgpg::ReceiveRing::attach(bad, kSlotBytes), std::runtime_error) << "a short token";
+  bad = offer;
+  bad.pid = 0;
+  EXPECT_THROW(tgpg::ReceiveRing::attach(bad, kSlotBytes), std::runtime_error) << "no process";
+  bad = offer;
+  bad.fd = 1 << 20;
+  EXPECT_THROW(tgpg::ReceiveRing::attach(bad, kSlotBytes), std::runtime_error) << "no such descriptor";
+
+  // The refusals left the ring unmapped: the sender still sends inline.
+  EXPECT_FALSE(sender.put(view(pattern(10, 0))));
+}
+
+TEST(SharedRing, ReceiverRefusesFilesThatAreNotSealedMemoryFiles) {
+  const tgpg::RingOffer genuine = tgpg::SendRing(kSlots, kSlotBytes).offer();
+  const size_t bytes = tgpg::ring_file_bytes(kSlots, kSlotBytes);
+
+  // A regular file of the right size: a forged offer must not make a rank map
+  // (and later write to) any file its peer names.
+  char path[] = "/tmp/tgpg-ring-test-XXXXXX";
+  Fd regular(::mkstemp(path));
+  ::unlink(path);
+  ASSERT_EQ(::ftruncate(regular.get(), static_cast<off_t>(bytes)), 0);
+  tgpg::RingOffer offer = genuine;
+  offer.pid = static_cast<uint32_t>(::getpid());
+  offer.fd = regular.get();
+  EXPECT_THROW(tgpg::ReceiveRing::attach(offer, kSlotBytes), std::runtime_error) << "a regular file";
+
+  // A memory file that could still shrink under the mapping (SIGBUS on read).
+  Fd unsealed(::memfd_create("torch_grpc_pg-ring", MFD_CLOEXEC));
+  ASSERT_EQ(::ftruncate(unsealed.get(), static_cast<off_t>(bytes)), 0);
+  offer.fd = unsealed.get();
+  EXPECT_THROW(tgpg::ReceiveRing::attach(offer, kSlotBytes), std::runtime_error) << "an unsealed memory file";
+
+  // Sealed and of the right size, but without the token: not the offered file.
+  Fd sealed(::memfd_create("torch_grpc_pg-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  ASSERT_EQ(::ftruncate(sealed.get(), static_cast<off_t>(bytes)), 0);
+  ASSERT_EQ(::fcntl(sealed.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+  offer.fd = sealed.get();
+  EXPECT_THROW(tgpg::ReceiveRing::attach(offer, kSlotBytes), std::runtime_error) << "a file without the token";
+
+  // A pipe is not a memory file; opening it must not even be tried.
+  int ends[2];
+  ASSERT_EQ(::pipe(ends), 0);
+  Fd read_end(ends[0]);
+  Fd write_end(ends[1]);
+  offer.fd = read_end.get();
+  EXPECT_THROW(tgpg::ReceiveRing::attach(offer, kSlotBytes), std::runtime_error) << "a pipe";
+}
+
+TEST(SharedRing, FileBytesBoundTheShape) {
+  EXPECT_EQ(tgpg::ring_file_bytes(0, kSlotBytes), 0u);
+  EXPECT_EQ(tgpg::ring_file_bytes(tgpg::kMaxRingSlots + 1, kSlotBytes), 0u);
+  EXPECT_EQ(tgpg::ring_file_bytes(1, 0), 0u);
+  EXPECT_EQ(tgpg::ring_file_bytes(1, (uint64_t{1} << 32) + 1), 0u);
+  EXPECT_GE(tgpg::ring_file_bytes(kSlots, kSlotBytes), kSlots * kSlotBytes);
+  EXPECT_THROW(tgpg::SendRing(0, kSlotBytes), std::runtime_error);
+}
+
+}  // namespace
+}  // namespace tgpg_test

@@ -1,0 +1,341 @@
+"""Shared rings between ranks on one host: used when they can be, off when asked, and
+safe against a peer that offers or names what it should not.
+
+The attacks play rank 1 of a group from a grpcio client built from protos/: it opens the
+group's point-to-point stream to rank 0 (which rank 1's own process never opened), offers
+a ring, and sends frames that name slots in it. The file layout they write is the one
+csrc/transport/shared_ring.cc defines and protos/torch_grpc_pg.proto describes.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import struct
+import tempfile
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dist_harness import (
+    RankContext,
+    backend_under_test,
+    init_groups,
+    run_ranks,
+    store_barrier,
+)
+from reference import (
+    assert_reduced,
+    assert_same_as_gloo,
+    make_input,
+    reduce_reference,
+    seed_of,
+)
+from torch_grpc_pg import status
+
+pytestmark = pytest.mark.skipif(
+    backend_under_test() != "grpc", reason="the grpc backend's same-host data path"
+)
+
+# Four chunks of the default 2 MiB per rank's segment, plus an odd tail.
+NUMEL = (8 << 20) // 4 + 5
+
+
+def _backend(group: dist.ProcessGroup | None = None) -> Any:
+    return (group or dist.group.WORLD)._get_backend(torch.device("cpu"))
+
+
+def _own_status(backend: Any) -> Any:
+    """This rank's default group as the status tool reads it from the rank's server."""
+    (read,) = status.read_ranks([backend.tcp_address], status.Credentials(), 30)
+    assert read.reply is not None, read.error
+    (group,) = [g for g in read.reply.groups if g.group_key == backend.group_key]
+    return group
+
+
+# --------------------------------------------------------------------------- use
+
+
+def _traffic(ctx: RankContext, env: dict[str, str]) -> dict[str, Any]:
+    os.environ.update(env)
+    gloo = init_groups(ctx)
+    # A link offers its ring with its first large chunk, so the first collective's
+    # first chunks go inline; the counters below start after one.
+    dist.all_reduce(torch.ones(NUMEL))
+    before = _own_status(_backend())
+    inputs = [
+        make_input(seed_of("shared-ring", r), r, NUMEL, torch.float32)
+        for r in range(ctx.world_size)
+    ]
+    tensor = inputs[ctx.rank].clone()
+    dist.all_reduce(tensor)
+    reference = inputs[ctx.rank].clone()
+    dist.all_reduce(reference, group=gloo)
+    assert_reduced(
+        tensor, reduce_reference(inputs, "SUM"), "SUM", ctx.world_size, "all_reduce"
+    )
+    assert_same_as_gloo(tensor, reference, "SUM", ctx.world_size)
+
+    root = ctx.world_size - 1
+    broadcast = inputs[ctx.rank].clone()
+    dist.broadcast(broadcast, src=root)
+    assert torch.equal(broadcast, inputs[root]), "broadcast differs from the root's"
+
+    after = _own_status(_backend())
+    return {
+        "sent": after.bytes_sent - before.bytes_sent,
+        "shared": after.bytes_sent_shared - before.bytes_sent_shared,
+    }
+
+
+@pytest.mark.parametrize(
+    ("env", "expect_shared"),
+    [
+        ({}, True),
+        ({"TORCH_GRPC_PG_SHARED_MEMORY": "0"}, False),
+        ({"TORCH_GRPC_PG_UNIX_SOCKETS": "0"}, False),
+    ],
+    ids=["default", "shared-memory-off", "tcp-only"],
+)
+@pytest.mark.parametrize("world", [2, 3])
+def test_large_chunks_between_ranks_on_one_host_go_through_shared_rings(
+    world: int, env: dict[str, str], expect_shared: bool
+) -> None:
+    for res in run_ranks(_traffic, world, env):
+        counters = res.value
+        assert counters["sent"] >= NUMEL * 4 // world, (res.rank, counters)
+        if expect_shared:
+            # A ring schedule sends a whole segment before it receives, so some
+            # chunks find every slot held and go inline; most must not.
+            assert counters["shared"] >= counters["sent"] // 2, (res.rank, counters)
+        else:
+            assert counters["shared"] == 0, (res.rank, counters)
+
+
+# --------------------------------------------------------------------------- attacks
+
+RING_MAGIC = 0x31676E6972677074
+PAGE = 4096
+SLOTS = 8
+SLOT_BYTES = 2 << 20
+OP_POINT_TO_POINT, FLOAT32 = 11, 1
+MESSAGE_NUMEL = 1000
+
+
+def _round_up(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+def _data_offset(slots: int) -> int:
+    return _round_up(64 + 64 * slots, PAGE)
+
+
+def _file_bytes(slots: int, slot_bytes: int) -> int:
+    return _data_offset(slots) + slots * _round_up(slot_bytes, PAGE)
+
+
+class ForgedRing:
+    """A ring made the way a rank makes one, but by hand: a sealed memfd with the header."""
+
+    def __init__(self, name: str) -> None:
+        self.fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        self.size = _file_bytes(SLOTS, SLOT_BYTES)
+        os.ftruncate(self.fd, self.size)
+        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+        self.map = mmap.mmap(self.fd, self.size)
+        self.token = os.urandom(32)
+        self.map[0:8] = struct.pack("<Q", RING_MAGIC)
+        self.map[8:40] = self.token
+
+    def offer(self, fd: int | None = None) -> Any:
+        import wire_client as wc
+
+        return wc.pb.Frame(
+            ring_offer=wc.pb.RingOffer(
+                pid=os.getpid(),
+                fd=self.fd if fd is None else fd,
+                slots=SLOTS,
+                slot_bytes=SLOT_BYTES,
+                token=self.token,
+            )
+        )
+
+    def attached(self) -> int:
+        return int(struct.unpack_from("<I", self.map, 40)[0])
+
+    def fill(self, index: int, seq: int, payload: bytes) -> None:
+        start = _data_offset(SLOTS) + index * SLOT_BYTES
+        self.map[start : start + len(payload)] = payload
+        struct.pack_into("<Q", self.map, 64 * (index + 1) + 8, seq)
+        struct.pack_into("<I", self.map, 64 * (index + 1), 1)
+
+    def full(self, index: int) -> int:
+        return int(struct.unpack_from("<I", self.map, 64 * (index + 1))[0])
+
+    def close(self) -> None:
+        self.map.close()
+        os.close(self.fd)
+
+
+def _message(seq: int, slot: tuple[int, int, int] | None, payload: bytes = b"") -> Any:
+    """Point-to-point message `seq` of MESSAGE_NUMEL float32 from rank 1 to rank 0."""
+    import wire_client as wc
+
+    frame = wc.data_frame(seq, OP_POINT_TO_POINT, FLOAT32, MESSAGE_NUMEL, payload)
+    if slot is not None:
+        index, put, size = slot
+        frame.header.ring_slot.CopyFrom(
+            wc.pb.RingSlot(index=index, seq=put, bytes=size)
+        )
+    return frame
+
+
+def _maps_of_this_process(name: str) -> bool:
+    with open("/proc/self/maps") as maps:
+        return any(f"/memfd:{name}" in line for line in maps)
+
+
+# What rank 1 plays, by case: the target rank 0 is dialled on, and what it sends. Each
+# returns what it saw, for the parent to check.
+def _attack_tcp(link: Any, ring: ForgedRing, _: Callable[[], None]) -> dict[str, Any]:
+    link.send_frame(ring.offer())
+    link.send_frame(_message(1, (0, 1, MESSAGE_NUMEL * 4)))
+    code = link.status()[0].name
+    return {"attached": ring.attached(), "code": code}
+
+
+def _attack_regular_file(
+    link: Any, ring: ForgedRing, _: Callable[[], None]
+) -> dict[str, Any]:
+    # A file of exactly a ring's size, and a valid-looking header: only its kind is wrong.
+    with tempfile.TemporaryFile() as regular:
+        regular.truncate(ring.size)
+        regular.write(bytes(ring.map[0:40]))
+        regular.flush()
+        link.send_frame(ring.offer(fd=regular.fileno()))
+        link.send_frame(_message(1, (0, 1, MESSAGE_NUMEL * 4)))
+        code = link.status()[0].name
+    return {"attached": ring.attached(), "code": code}
+
+
+def _valid_then_forged_slots(
+    link: Any, ring: ForgedRing, wait_taken: Callable[[], None]
+) -> dict[str, Any]:
+    link.send_frame(ring.offer())
+    payload = torch.arange(MESSAGE_NUMEL, dtype=torch.float32).numpy().tobytes()
+    ring.fill(0, 1, payload)
+    # Sent before the offer is known to be taken: frames are read in order, so the
+    # offer is handled before this frame is.
+    link.send_frame(_message(1, (0, 1, len(payload))))
+    wait_taken()
+    seen = {"attached": ring.attached(), "slot_given_back": ring.full(0) == 0}
+    link.send_frame(_message(2, (SLOTS, 2, len(payload))))
+    seen["code"] = link.status()[0].name
+    return seen
+
+
+ATTACKS: dict[str, tuple[bool, Callable[..., dict[str, Any]]]] = {
+    "offer-over-tcp": (False, _attack_tcp),
+    "offer-names-a-regular-file": (True, _attack_regular_file),
+    "slot-out-of-range": (True, _valid_then_forged_slots),
+}
+
+
+def _ring_attack(ctx: RankContext, case: str) -> dict[str, Any]:
+    import wire_client as wc
+
+    over_unix, attack = ATTACKS[case]
+    init_groups(ctx)
+    group = dist.new_group(backend="grpc", timeout=timedelta(seconds=30))
+    backend = _backend(group)
+    store = ctx.store()
+    if ctx.rank == 0:
+        store.set(
+            "target",
+            ("unix:" + backend.unix_socket) if over_unix else backend.tcp_address,
+        )
+    report: dict[str, Any] = {}
+    ring_name = f"forged-ring-{os.getpid()}"
+    if ctx.rank == 1:
+        ring = ForgedRing(ring_name)
+        store.set("ring-name", ring_name)
+        link, welcome = wc.handshake(
+            store.get("target").decode(), backend.group_key + "/p2p", 1, 0, 2, ""
+        )
+        assert welcome.HasField("welcome") and not welcome.welcome.error, welcome
+
+        def wait_taken() -> None:
+            store.wait(["taken"], timedelta(seconds=60))
+
+        report.update(attack(link, ring, wait_taken))
+        link.close()
+        ring.close()
+        store.set("attack-done", "1")
+    else:
+        name = store.get("ring-name").decode()
+        received = torch.zeros(MESSAGE_NUMEL)
+        outcomes: list[str] = []
+        for _ in range(2 if case == "slot-out-of-range" else 1):
+            try:
+                dist.recv(received, src=1, group=group)
+                outcomes.append("received")
+                report["data_exact"] = bool(
+                    torch.equal(
+                        received, torch.arange(MESSAGE_NUMEL, dtype=torch.float32)
+                    )
+                )
+                report["mapped_while_used"] = _maps_of_this_process(name)
+                store.set("taken", "1")
+            except RuntimeError as e:
+                outcomes.append(str(e))
+        report["outcomes"] = outcomes
+        store.wait(["attack-done"], timedelta(seconds=60))
+        report["mapped_after"] = _maps_of_this_process(name)
+    # The group is failed on rank 0; the default group must be unharmed.
+    store_barrier(store, ctx.world_size, "attacked")
+    total = torch.full((4,), float(ctx.rank + 1))
+    dist.all_reduce(total)
+    report["default_group_exact"] = bool(torch.equal(total, torch.full((4,), 3.0)))
+    return report
+
+
+def test_an_offer_over_tcp_is_not_mapped_and_its_slots_are_refused() -> None:
+    results = run_ranks(_ring_attack, 2, "offer-over-tcp")
+    attacker, rank0 = results[1].value, results[0].value
+    assert attacker["attached"] == 0, attacker
+    assert attacker["code"] == "INVALID_ARGUMENT", attacker
+    (outcome,) = rank0["outcomes"]
+    assert "rank 1" in outcome and "mapped no shared ring" in outcome, outcome
+    assert not rank0["mapped_after"], rank0
+    assert all(r.value["default_group_exact"] for r in results)
+
+
+def test_an_offer_naming_a_regular_file_is_not_mapped() -> None:
+    results = run_ranks(_ring_attack, 2, "offer-names-a-regular-file")
+    attacker, rank0 = results[1].value, results[0].value
+    assert attacker["attached"] == 0, attacker
+    assert attacker["code"] == "INVALID_ARGUMENT", attacker
+    (outcome,) = rank0["outcomes"]
+    assert "mapped no shared ring" in outcome, outcome
+    assert not rank0["mapped_after"], rank0
+    assert all(r.value["default_group_exact"] for r in results)
+
+
+def test_a_genuine_ring_is_used_and_a_slot_out_of_range_is_refused() -> None:
+    results = run_ranks(_ring_attack, 2, "slot-out-of-range")
+    attacker, rank0 = results[1].value, results[0].value
+    # The positive control: a ring built by the protocol's description is taken...
+    assert attacker["attached"] == 1, attacker
+    assert rank0["outcomes"][0] == "received", rank0
+    assert rank0["data_exact"] and rank0["mapped_while_used"], rank0
+    assert attacker["slot_given_back"], attacker
+    # ...and a reference past its last slot fails the receive, naming the sender.
+    refused = rank0["outcomes"][1]
+    assert "rank 1" in refused and "slot 8 of a ring of 8" in refused, refused
+    assert attacker["code"] == "INVALID_ARGUMENT", attacker
+    assert all(r.value["default_group_exact"] for r in results)
