@@ -99,6 +99,19 @@ def test_grpc_traffic_crossed_the_link(jobs: dict[str, Job]) -> None:
     assert min(jobs["grpc"].link_bytes) >= least, (jobs["grpc"].link_bytes, least)
 
 
+def test_grpc_sends_each_gradient_across_once_per_host(jobs: dict[str, Job]) -> None:
+    # With two ranks on each host, a flat ring (gloo's) sends every gradient byte
+    # across the link 2 (world - 1) / world = 1.5 times each way per step; grpc's
+    # allreduce in two levels (inside each host, then across) once. Both also carry
+    # DDP's initial broadcast of the parameters and their own framing.
+    grpc_bytes, gloo_bytes = max(jobs["grpc"].link_bytes), min(jobs["gloo"].link_bytes)
+    assert grpc_bytes < 0.8 * gloo_bytes, (
+        jobs["grpc"].link_bytes,
+        jobs["gloo"].link_bytes,
+    )
+    assert grpc_bytes < 1.3 * ddp_train.STEPS * _param_bytes(), jobs["grpc"].link_bytes
+
+
 def test_grpc_equals_gloo_on_every_rank(jobs: dict[str, Job]) -> None:
     for grpc_rank, gloo_rank in zip(jobs["grpc"].ranks, jobs["gloo"].ranks):
         for name, value in gloo_rank["params"].items():

@@ -107,7 +107,9 @@ ReceivedFrame Collective::recv(int src, uint64_t offset, uint64_t n) {
     fail_mismatch(src, h);
   }
   if (h.schedule != static_cast<uint32_t>(schedule_)) {
-    const auto name = [](uint32_t s) { return s == 1 ? "direct (one round to every peer)" : "ring"; };
+    const auto name = [](uint32_t s) {
+      return s == 1 ? "direct (one round to every peer)" : s == 2 ? "two-level (inside hosts, then across)" : "ring";
+    };
     std::ostringstream out;
     out << describe() << " on rank " << rank_ << " runs the " << name(static_cast<uint32_t>(schedule_))
         << " schedule, rank " << src << " the " << name(h.schedule)

@@ -33,7 +33,7 @@ class Collective {
   // Which way the data goes. Ranks that pick different ones (they disagree on
   // direct_max_bytes) could exchange chunks that line up by offset and size,
   // so the schedule travels in the header and is checked like the op.
-  enum class Schedule : uint32_t { Ring = 0, Direct = 1 };
+  enum class Schedule : uint32_t { Ring = 0, Direct = 1, TwoLevel = 2 };
   void use_schedule(Schedule schedule) { schedule_ = schedule; }
   // Point-to-point messages carry the sender's tag; the receiver's must match.
   void use_tag(int64_t tag) { tag_ = tag; }

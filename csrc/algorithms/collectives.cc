@@ -16,11 +16,29 @@ struct Range {
   uint64_t end;
 };
 
-// The ring splits the buffer into `world` segments whose sizes differ by at most one.
-Range segment(const Collective& c, uint64_t total, int index) {
-  const auto w = static_cast<uint64_t>(c.world());
+// A ring splits its range into one segment per member, whose sizes differ by at most one.
+Range segment(Range range, int parts, int index) {
+  const uint64_t total = range.end - range.begin;
+  const auto p = static_cast<uint64_t>(parts);
   const auto i = static_cast<uint64_t>(index);
-  return {total * i / w, total * (i + 1) / w};
+  return {range.begin + total * i / p, range.begin + total * (i + 1) / p};
+}
+
+// The ranks a ring schedule runs over, in ring order, and this rank's place
+// among them: the whole group, the ranks of one host, or one rank per host.
+struct Ring {
+  std::vector<int> members;
+  int position;
+
+  int size() const { return static_cast<int>(members.size()); }
+  int next() const { return members[static_cast<size_t>((position + 1) % size())]; }
+  int prev() const { return members[static_cast<size_t>((position + size() - 1) % size())]; }
+};
+
+Ring whole_group(const Collective& c) {
+  Ring ring{std::vector<int>(static_cast<size_t>(c.world())), c.rank()};
+  for (int r = 0; r < c.world(); ++r) ring.members[static_cast<size_t>(r)] = r;
+  return ring;
 }
 
 // Every frame carries at most one chunk, which is what lets a receiver bound
@@ -84,51 +102,76 @@ void direct_allreduce(Collective& c, std::byte* buf) {
   copy_bytes(buf, result.data(), bytes);
 }
 
-// Reduce-scatter around the ring over `world` segments of `total` elements.
-// At step s this rank passes on segment (rank - shift - s) and reduces the one
-// after it, so that it ends up holding the reduced segment (rank + 1 - shift).
-// Each received chunk is reduced and passed on at once; with `send_final` the
+// Reduce-scatter around `ring` over its segments of `range`. At step s this
+// rank passes on segment (position - shift - s) and reduces the one after it,
+// so that it ends up holding the reduced segment (position + 1 - shift). Each
+// received chunk is reduced and passed on at once; with `send_final` the
 // finished segment is passed on too, which is the first step of an allgather.
-void ring_reduce_scatter(Collective& c, std::byte* buf, uint64_t total, int shift,
+void ring_reduce_scatter(Collective& c, const Ring& ring, std::byte* buf, Range range, int shift,
                          bool send_final) {
-  const int r = c.rank();
-  const int w = c.world();
-  for_each_chunk(c, segment(c, total, ring_index(r - shift, w)),
-                 [&](uint64_t off, uint64_t len) { c.send(c.next(), buf, off, len); });
+  const int p = ring.position;
+  const int w = ring.size();
+  for_each_chunk(c, segment(range, w, ring_index(p - shift, w)),
+                 [&](uint64_t off, uint64_t len) { c.send(ring.next(), buf, off, len); });
   for (int step = 0; step < w - 1; ++step) {
     const bool forward = send_final || step < w - 2;
-    for_each_chunk(c, segment(c, total, ring_index(r - shift - step - 1, w)), [&](uint64_t off, uint64_t len) {
-      ReceivedFrame frame = c.recv(c.prev(), off, len);
+    for_each_chunk(c, segment(range, w, ring_index(p - shift - step - 1, w)), [&](uint64_t off, uint64_t len) {
+      ReceivedFrame frame = c.recv(ring.prev(), off, len);
       reduce_frame_into(c, buf, off, frame);
-      if (forward) c.send(c.next(), buf, off, len);
+      if (forward) c.send(ring.next(), buf, off, len);
     });
   }
 }
 
-void ring_allreduce(Collective& c, std::byte* buf) {
-  const int r = c.rank();
-  const int w = c.world();
-  const uint64_t n = c.count();
-  ring_reduce_scatter(c, buf, n, /*shift=*/0, /*send_final=*/true);
+// Allgather around `ring` of its segments of `range`, this rank holding the
+// finished segment `owned`; `already_sent` when a reduce-scatter with
+// send_final has passed it on.
+void ring_allgather(Collective& c, const Ring& ring, std::byte* buf, Range range, int owned, bool already_sent) {
+  const int w = ring.size();
+  if (!already_sent) {
+    for_each_chunk(c, segment(range, w, owned), [&](uint64_t off, uint64_t len) { c.send(ring.next(), buf, off, len); });
+  }
   for (int step = 0; step < w - 1; ++step) {
     const bool forward = step < w - 2;
-    for_each_chunk(c, segment(c, n, ring_index(r - step, w)), [&](uint64_t off, uint64_t len) {
-      ReceivedFrame frame = c.recv(c.prev(), off, len);
+    for_each_chunk(c, segment(range, w, ring_index(owned - step - 1, w)), [&](uint64_t off, uint64_t len) {
+      ReceivedFrame frame = c.recv(ring.prev(), off, len);
       copy_frame_into(c, buf, off, frame);
-      if (forward) c.send(c.next(), buf, off, len);
+      if (forward) c.send(ring.next(), buf, off, len);
     });
   }
+}
+
+void ring_allreduce(Collective& c, const Ring& ring, std::byte* buf, Range range) {
+  ring_reduce_scatter(c, ring, buf, range, /*shift=*/0, /*send_final=*/true);
+  ring_allgather(c, ring, buf, range, ring_index(ring.position + 1, ring.size()), /*already_sent=*/true);
+}
+
+// Reduce-scatter inside each host, so that every rank holds its host's sum of
+// one segment; allreduce of that segment across hosts, with the rank at the
+// same place on every other host; allgather inside each host. Each byte
+// crosses between two hosts 2 (hosts - 1) / hosts times per host instead of
+// 2 (world - 1) / world times per rank on the border.
+void two_level_allreduce(Collective& c, std::byte* buf, const HostLayout& hosts) {
+  const Range all{0, c.count()};
+  const Ring local{hosts.local_ranks(c.rank()), hosts.position_on_host(c.rank())};
+  const Ring across{hosts.counterparts(c.rank()), hosts.host_of(c.rank())};
+  ring_reduce_scatter(c, local, buf, all, /*shift=*/1, /*send_final=*/false);
+  ring_allreduce(c, across, buf, segment(all, local.size(), local.position));
+  ring_allgather(c, local, buf, all, local.position, /*already_sent=*/false);
 }
 
 }  // namespace
 
-void allreduce(Collective& c, std::byte* buf, size_t direct_max_bytes) {
+void allreduce(Collective& c, std::byte* buf, size_t direct_max_bytes, const HostLayout& hosts) {
   if (c.world() == 1) return;
   if (c.count() * c.element_bytes() <= direct_max_bytes || c.count() < static_cast<uint64_t>(c.world())) {
     c.use_schedule(Collective::Schedule::Direct);
     direct_allreduce(c, buf);
+  } else if (hosts.two_level() && hosts.world() == c.world()) {
+    c.use_schedule(Collective::Schedule::TwoLevel);
+    two_level_allreduce(c, buf, hosts);
   } else {
-    ring_allreduce(c, buf);
+    ring_allreduce(c, whole_group(c), buf, Range{0, c.count()});
   }
 }
 
@@ -200,8 +243,8 @@ void allgather(Collective& c, std::byte* out) {
 
 void reduce_scatter(Collective& c, std::byte* buf) {
   if (c.world() == 1) return;
-  ring_reduce_scatter(c, buf, c.count() * static_cast<uint64_t>(c.world()), /*shift=*/1,
-                      /*send_final=*/false);
+  ring_reduce_scatter(c, whole_group(c), buf, Range{0, c.count() * static_cast<uint64_t>(c.world())},
+                      /*shift=*/1, /*send_final=*/false);
 }
 
 void gather(Collective& c, const std::byte* in, std::byte* out) {

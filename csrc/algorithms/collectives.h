@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "algorithms/collective.h"
+#include "algorithms/host_layout.h"
 #include "algorithms/reduce_op.h"
 
 namespace tgpg {
@@ -16,7 +17,9 @@ namespace tgpg {
 // Combines `buf` across ranks in place. Small buffers go to every peer at once
 // (one round trip); large ones take the bandwidth-optimal ring: reduce-scatter
 // then allgather, chunked so that sending, receiving and reducing overlap.
-void allreduce(Collective& c, std::byte* buf, size_t direct_max_bytes);
+// When `hosts` says the ranks sit on several hosts with equally many ranks
+// each, the ring runs in two levels: inside each host, then across hosts.
+void allreduce(Collective& c, std::byte* buf, size_t direct_max_bytes, const HostLayout& hosts = {});
 
 // Copies the root's `buf` to every rank, pipelined along the ring from the root.
 void broadcast(Collective& c, std::byte* buf, size_t direct_max_bytes);

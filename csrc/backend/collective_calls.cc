@@ -27,7 +27,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allreduce(std::vector<at::Tenso
                    stage->wait_ready();
                    Collective c = collective(OpType::Allreduce, seq, dtype, count, timeout, keep_alive({stage->host()}),
                                              /*root=*/0, reduction);
-                   tgpg::allreduce(c, stage->data(), options_.direct_max_bytes);
+                   tgpg::allreduce(c, stage->data(), options_.direct_max_bytes, hosts_);
                    c.wait_sends_released();
                    if (reduction.average) stage->host().div_(size_);
                    stage->write_back();
@@ -56,7 +56,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allreduce_coalesced(
                    Collective c = collective(OpType::AllreduceCoalesced, seq, dtype,
                                              static_cast<uint64_t>(packed.numel()), timeout, keep_alive({packed}),
                                              /*root=*/0, reduction);
-                   tgpg::allreduce(c, static_cast<std::byte*>(packed.data_ptr()), options_.direct_max_bytes);
+                   tgpg::allreduce(c, static_cast<std::byte*>(packed.data_ptr()), options_.direct_max_bytes, hosts_);
                    c.wait_sends_released();
                    if (reduction.average) packed.div_(size_);
                    int64_t offset = 0;

@@ -244,6 +244,7 @@ std::string ProcessGroupGrpc::connect_peers(const c10::intrusive_ptr<c10d::Store
   try {
     messenger_->set_peer_endpoints(endpoints);
     p2p_->set_peer_endpoints(endpoints);
+    hosts_ = HostLayout(messenger_->host_ids());
   } catch (const std::exception& e) {
     return message_of(e);
   }

@@ -190,6 +190,8 @@ class ProcessGroupGrpc : public c10d::Backend {
   // Shared with each other's failure listeners, which hold them weakly.
   std::shared_ptr<GroupTransport> messenger_;
   std::shared_ptr<GroupTransport> p2p_;  // point-to-point messages, on streams of their own
+  // Which ranks share a host; set once the peers' endpoints are known, before any op.
+  HostLayout hosts_;
   // Ops issued between startCoalescing and endCoalescing.
   std::mutex coalescing_mutex_;
   bool coalescing_ = false;

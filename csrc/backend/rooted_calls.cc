@@ -52,7 +52,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::reduce(std::vector<at::Tensor>&
                    at::Tensor work = is_root ? stage->host() : stage->host().clone();
                    Collective c = collective(OpType::Reduce, seq, dtype, count, timeout, keep_alive({work}), root,
                                              reduction);
-                   tgpg::allreduce(c, bytes_of(work), options_.direct_max_bytes);
+                   tgpg::allreduce(c, bytes_of(work), options_.direct_max_bytes, hosts_);
                    c.wait_sends_released();
                    if (!is_root) return;
                    if (reduction.average) work.div_(size_);

@@ -25,6 +25,9 @@ class GroupTransport : public Messenger {
   virtual std::string local_endpoint() const = 0;
   // Every rank's published endpoint, in rank order; once, before the first send.
   virtual void set_peer_endpoints(const std::vector<std::string>& endpoints) = 0;
+  // Names each rank's host (an opaque text: equal names share a host), from the
+  // endpoints; after set_peer_endpoints.
+  virtual std::vector<std::string> host_ids() const = 0;
   // Connects and handshakes now rather than at the first send, so that
   // address problems surface while the group is created.
   virtual void connect(int peer) = 0;

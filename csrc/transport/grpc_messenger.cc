@@ -77,6 +77,13 @@ void GrpcMessenger::set_peer_endpoints(const std::vector<std::string>& endpoints
   }
 }
 
+std::vector<std::string> GrpcMessenger::host_ids() const {
+  std::vector<std::string> ids;
+  ids.reserve(peers_.size());
+  for (const auto& peer : peers_) ids.push_back(peer.machine);
+  return ids;
+}
+
 std::shared_ptr<PeerLink> GrpcMessenger::find_link(int peer) {
   std::lock_guard<std::mutex> lock(links_mutex_);
   if (shut_down_) throw CollectiveError("the process group was destroyed");

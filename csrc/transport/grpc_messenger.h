@@ -29,6 +29,7 @@ class GrpcMessenger : public GroupTransport {
   void expect(int src, const FrameHeader& expected) override;
   std::string local_endpoint() const override { return self_.serialize(); }
   void set_peer_endpoints(const std::vector<std::string>& endpoints) override;
+  std::vector<std::string> host_ids() const override;
   void connect(int peer) override;
 
   void send(int dst, const FrameHeader& header, ByteView payload,

@@ -109,7 +109,7 @@ class Collectives : public ::testing::TestWithParam<int> {
     EXPECT_EQ(result.frames_left, 0u) << "frames were sent that no rank received";
   }
 
-  void check_allreduce(OpType op_type, size_t direct_max_bytes);
+  void check_allreduce(OpType op_type, size_t direct_max_bytes, const tgpg::HostLayout& hosts = {});
   void check_broadcast(size_t direct_max_bytes);
 
  private:
@@ -121,7 +121,7 @@ std::string world_name(const ::testing::TestParamInfo<int>& info) { return "worl
 
 INSTANTIATE_TEST_SUITE_P(Worlds, Collectives, ::testing::Range(1, 9), world_name);
 
-void Collectives::check_allreduce(OpType op_type, size_t direct_max_bytes) {
+void Collectives::check_allreduce(OpType op_type, size_t direct_max_bytes, const tgpg::HostLayout& hosts) {
   for (size_t case_index = 0; case_index < reduction_cases().size(); ++case_index) {
     const ReductionCase& rc = reduction_cases()[case_index];
     for (uint64_t count : counts_for(world())) {
@@ -133,7 +133,7 @@ void Collectives::check_allreduce(OpType op_type, size_t direct_max_bytes) {
       std::vector<std::vector<std::byte>> bufs = inputs;
       const auto data = mutable_pointers(bufs);
       ASSERT_NO_FATAL_FAILURE(
-          run_ok(c, [&](tgpg::Collective& col, int rank) { tgpg::allreduce(col, data[rank], direct_max_bytes); }));
+          run_ok(c, [&](tgpg::Collective& col, int rank) { tgpg::allreduce(col, data[rank], direct_max_bytes, hosts); }));
       for (int r = 0; r < world(); ++r) {
         // AVG is SUM here: the backend divides the final result.
         ASSERT_TRUE(matches_reduction(rc.dtype, rc.op, pointers(inputs), bufs[r].data(), count)) << "on rank " << r;
@@ -148,6 +148,59 @@ TEST_P(Collectives, AllreduceDirect) { check_allreduce(OpType::Allreduce, kAlway
 
 // With no direct limit, every count of at least one element per rank takes the ring.
 TEST_P(Collectives, AllreduceRing) { check_allreduce(OpType::Allreduce, kAlwaysRing); }
+
+struct NamedLayout {
+  std::string name;
+  tgpg::HostLayout layout;
+};
+
+// The ranks spread over hosts in blocks and round robin (so that a host's ranks
+// are not neighbours in rank order), for every split into at least two hosts of
+// at least two ranks; and hosts of unequal sizes, where the flat ring takes over.
+std::vector<NamedLayout> layouts_for(int world) {
+  std::vector<NamedLayout> layouts;
+  for (int hosts = 2; hosts * 2 <= world; ++hosts) {
+    if (world % hosts != 0) continue;
+    std::vector<std::string> blocks;
+    std::vector<std::string> round_robin;
+    for (int r = 0; r < world; ++r) {
+      blocks.push_back("host" + std::to_string(r / (world / hosts)));
+      round_robin.push_back("host" + std::to_string(r % hosts));
+    }
+    layouts.push_back({std::to_string(hosts) + " hosts in blocks", tgpg::HostLayout(blocks)});
+    layouts.push_back({std::to_string(hosts) + " hosts round robin", tgpg::HostLayout(round_robin)});
+  }
+  if (world >= 3) {
+    std::vector<std::string> uneven(static_cast<size_t>(world), "big");
+    uneven.back() = "small";
+    layouts.push_back({"hosts of unequal sizes", tgpg::HostLayout(uneven)});
+  }
+  return layouts;
+}
+
+TEST_P(Collectives, AllreduceTwoLevel) {
+  for (const NamedLayout& named : layouts_for(world())) {
+    SCOPED_TRACE(named.name);
+    EXPECT_EQ(named.layout.two_level(), named.name != "hosts of unequal sizes");
+    check_allreduce(OpType::Allreduce, kAlwaysRing, named.layout);
+  }
+}
+
+TEST(HostLayout, NumbersHostsByTheirLowestRank) {
+  const tgpg::HostLayout layout({"b", "a", "b", "a", "c", "c"});
+  EXPECT_TRUE(layout.two_level());
+  EXPECT_EQ(layout.host_of(0), 0);
+  EXPECT_EQ(layout.host_of(1), 1);
+  EXPECT_EQ(layout.host_of(4), 2);
+  EXPECT_EQ(layout.local_ranks(3), (std::vector<int>{1, 3}));
+  EXPECT_EQ(layout.position_on_host(3), 1);
+  EXPECT_EQ(layout.counterparts(3), (std::vector<int>{2, 3, 5}));
+  EXPECT_EQ(layout.counterparts(4), (std::vector<int>{0, 1, 4}));
+  EXPECT_FALSE(tgpg::HostLayout({"a", "a"}).two_level()) << "one host";
+  EXPECT_FALSE(tgpg::HostLayout({"a", "b", "c"}).two_level()) << "one rank per host";
+  EXPECT_FALSE(tgpg::HostLayout({"a", "a", "b", "b", "b"}).two_level()) << "unequal hosts";
+  EXPECT_FALSE(tgpg::HostLayout().two_level());
+}
 
 // reduce runs the allreduce algorithm under its own op type.
 TEST_P(Collectives, ReduceRunsAllreduce) { check_allreduce(OpType::Reduce, 40); }
