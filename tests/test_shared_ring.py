@@ -200,13 +200,18 @@ def _maps_of_this_process(name: str) -> bool:
         return any(f"/memfd:{name}" in line for line in maps)
 
 
-# What rank 1 plays, by case: the target rank 0 is dialled on, and what it sends. Each
-# returns what it saw, for the parent to check.
-def _attack_tcp(link: Any, ring: ForgedRing, _: Callable[[], None]) -> dict[str, Any]:
-    link.send_frame(ring.offer())
+def _offer_and_name_a_slot(link: Any, ring: ForgedRing, offer: Any) -> dict[str, Any]:
+    """Sends `offer`, then a message whose payload it says is in slot 0; what came of it."""
+    link.send_frame(offer)
     link.send_frame(_message(1, (0, 1, MESSAGE_NUMEL * 4)))
     code = link.status()[0].name
     return {"attached": ring.attached(), "code": code}
+
+
+# What rank 1 plays, by case: the target rank 0 is dialled on, and what it sends. Each
+# returns what it saw, for the parent to check.
+def _attack_tcp(link: Any, ring: ForgedRing, _: Callable[[], None]) -> dict[str, Any]:
+    return _offer_and_name_a_slot(link, ring, ring.offer())
 
 
 def _attack_regular_file(
@@ -217,10 +222,7 @@ def _attack_regular_file(
         regular.truncate(ring.size)
         regular.write(bytes(ring.map[0:40]))
         regular.flush()
-        link.send_frame(ring.offer(fd=regular.fileno()))
-        link.send_frame(_message(1, (0, 1, MESSAGE_NUMEL * 4)))
-        code = link.status()[0].name
-    return {"attached": ring.attached(), "code": code}
+        return _offer_and_name_a_slot(link, ring, ring.offer(fd=regular.fileno()))
 
 
 def _valid_then_forged_slots(
