@@ -9,7 +9,6 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <functional>
 #include <new>
 #include <stdexcept>
 #include <utility>
@@ -142,23 +141,17 @@ std::optional<RingSlot> SendRing::put(ByteView payload) {
   return std::nullopt;
 }
 
-namespace {
-
-// Gives a slot back to the sender when the last copy of its frame is dropped.
-class SlotLease {
+class ReceiveRing::Lease {
  public:
-  SlotLease(std::shared_ptr<ReceiveRing> ring, std::function<void()> release)
-      : ring_(std::move(ring)), release_(std::move(release)) {}
-  ~SlotLease() { release_(); }
-  SlotLease(const SlotLease&) = delete;
-  SlotLease& operator=(const SlotLease&) = delete;
+  Lease(std::shared_ptr<ReceiveRing> ring, uint32_t index) : ring_(std::move(ring)), index_(index) {}
+  ~Lease() { ring_->release(index_); }
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
 
  private:
   std::shared_ptr<ReceiveRing> ring_;  // keeps the mapping until the frame is gone
-  std::function<void()> release_;
+  uint32_t index_;
 };
-
-}  // namespace
 
 std::shared_ptr<ReceiveRing> ReceiveRing::attach(const RingOffer& offer, uint64_t expected_slot_bytes) {
   if (offer.slot_bytes != expected_slot_bytes) {
@@ -234,9 +227,7 @@ std::pair<ByteView, std::shared_ptr<const void>> ReceiveRing::take(const RingSlo
     }
     held_[slot.index] = true;
   }
-  const uint32_t index = slot.index;
-  auto lease = std::make_shared<SlotLease>(shared_from_this(), [this, index] { release(index); });
-  return {ByteView{m.slot(index), slot.bytes}, std::move(lease)};
+  return {ByteView{m.slot(slot.index), slot.bytes}, std::make_shared<Lease>(shared_from_this(), slot.index)};
 }
 
 void ReceiveRing::release(uint32_t index) {

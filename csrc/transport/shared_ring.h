@@ -105,6 +105,8 @@ class ReceiveRing : public std::enable_shared_from_this<ReceiveRing> {
   std::pair<ByteView, std::shared_ptr<const void>> take(const RingSlot& slot);
 
  private:
+  // Held by a frame's owner; gives its slot back when the frame is dropped.
+  class Lease;
   void release(uint32_t index);
 
   std::unique_ptr<RingMapping> mapping_;
