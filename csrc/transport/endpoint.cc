@@ -62,7 +62,7 @@ std::string default_advertise_host() {
 }
 
 std::string dial_target(const Endpoint& self, const Endpoint& peer, bool unix_sockets) {
-  if (unix_sockets && !peer.unix_path.empty() && peer.machine == self.machine) return "unix:" + peer.unix_path;
+  if (unix_sockets && !peer.unix_path.empty() && peer.machine == self.machine) return kUnixScheme + peer.unix_path;
   return peer.tcp;
 }
 

@@ -16,6 +16,11 @@ struct Endpoint {
   static Endpoint parse(const std::string& text);
 };
 
+// gRPC's scheme for unix-socket addresses: dial targets and the peer address a
+// server sees for a caller that came over its unix socket.
+constexpr char kUnixScheme[] = "unix:";
+inline bool is_unix_address(const std::string& address) { return address.rfind(kUnixScheme, 0) == 0; }
+
 // The identity of this machine for Endpoint::machine.
 std::string local_machine_id();
 

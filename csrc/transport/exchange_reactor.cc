@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "transport/endpoint.h"
 #include "transport/handshake.h"
 #include "transport/log.h"
 #include "transport/protocol.h"
@@ -231,7 +232,7 @@ void ExchangeReactor::on_ring_offer(const RingOffer& offer) {
     return;
   }
   std::string declined;
-  if (ctx_->peer().rfind("unix:", 0) != 0) {
+  if (!is_unix_address(ctx_->peer())) {
     // Only a caller that reached this rank's unix socket, which only this
     // host's processes with access to the socket's directory can, may name a
     // file of this host for it to open.

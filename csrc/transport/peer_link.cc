@@ -14,6 +14,7 @@
 
 #include "transport/auth.h"
 #include "transport/channel_options.h"
+#include "transport/endpoint.h"
 #include "transport/handshake.h"
 #include "transport/log.h"
 #include "transport/protocol.h"
@@ -250,7 +251,7 @@ PeerLink::PeerLink(const std::string& target, const LinkIdentity& identity, cons
                    std::function<void(const std::string&)> on_failure)
     : description_("rank " + std::to_string(identity.src_rank) + " to rank " + std::to_string(identity.dst_rank) +
                    " at " + target),
-      ring_possible_(config.shared_memory && target.rfind("unix:", 0) == 0),
+      ring_possible_(config.shared_memory && is_unix_address(target)),
       ring_slots_(static_cast<uint32_t>(std::clamp<size_t>(config.max_queued_frames, 1, kMaxRingSlots))),
       ring_slot_bytes_(config.max_payload_bytes) {
   const grpc::ChannelArguments args = channel_arguments(config);

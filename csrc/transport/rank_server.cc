@@ -16,6 +16,7 @@
 
 #include "torch_grpc_pg.grpc.pb.h"
 #include "transport/channel_options.h"
+#include "transport/endpoint.h"
 #include "transport/exchange_reactor.h"
 #include "transport/malloc_tuning.h"
 #include "transport/socket_dir.h"
@@ -127,7 +128,7 @@ RankServer::RankServer(const TransportConfig& config) : config_(config), service
   if (config.unix_sockets) {
     socket_dir = std::make_unique<PrivateSocketDir>();
     unix_path_ = socket_dir->socket_path();
-    builder.AddListeningPort("unix:" + unix_path_, credentials);
+    builder.AddListeningPort(kUnixScheme + unix_path_, credentials);
   }
   builder.RegisterService(service_.get());
   server_ = builder.BuildAndStart();

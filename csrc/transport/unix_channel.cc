@@ -11,10 +11,10 @@
 #include <stdexcept>
 #include <utility>
 
+#include "transport/endpoint.h"
+
 namespace tgpg {
 namespace {
-
-constexpr char kUnixScheme[] = "unix:";
 
 // Closes the socket unless it was handed on.
 class SocketFd {
@@ -36,7 +36,7 @@ class SocketFd {
 
 bool dials_own_unix_socket(const std::string& target, const TransportConfig& config) {
 #ifdef GPR_SUPPORT_CHANNELS_FROM_FD
-  return target.rfind(kUnixScheme, 0) == 0 && !config.tls_enabled();
+  return is_unix_address(target) && !config.tls_enabled();
 #else
   return false;
 #endif
