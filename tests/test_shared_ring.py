@@ -110,9 +110,10 @@ def test_large_chunks_between_ranks_on_one_host_go_through_shared_rings(
         counters = res.value
         assert counters["sent"] >= NUMEL * 4 // world, (res.rank, counters)
         if expect_shared:
-            # A ring schedule sends a whole segment before it receives, so some
-            # chunks find every slot held and go inline; most must not.
-            assert counters["shared"] >= counters["sent"] // 2, (res.rank, counters)
+            # Once the ring is mapped, every chunk of 64 KiB or more goes through it,
+            # waiting for a slot when the receiver holds them all; only the few
+            # bytes of segment tails below that size go inline.
+            assert counters["shared"] >= counters["sent"] * 0.99, (res.rank, counters)
         else:
             assert counters["shared"] == 0, (res.rank, counters)
 

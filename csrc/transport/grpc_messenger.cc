@@ -100,11 +100,13 @@ std::shared_ptr<PeerLink> GrpcMessenger::link(int peer) {
   auto monitor = monitor_;
   std::shared_ptr<PeerLink> opened;
   try {
-    opened = std::make_shared<PeerLink>(target, LinkIdentity{group_key_, rank_, peer, world_}, config_,
-                                        [mailbox, monitor, peer](const std::string& reason) {
-                                          monitor->set_link(peer, "broken: " + reason);
-                                          mailbox->fail(reason);
-                                        });
+    opened = std::make_shared<PeerLink>(
+        target, LinkIdentity{group_key_, rank_, peer, world_}, config_,
+        [mailbox, monitor, peer](const std::string& reason) {
+          monitor->set_link(peer, "broken: " + reason);
+          mailbox->fail(reason);
+        },
+        [monitor](size_t bytes, bool through_ring) { monitor->sent(bytes, through_ring); });
   } catch (const std::exception& e) {
     monitor_->set_link(peer, std::string("failed to connect: ") + e.what());
     throw;
@@ -135,20 +137,12 @@ void GrpcMessenger::send(int dst, const FrameHeader& header, ByteView payload,
   } catch (const std::runtime_error& e) {
     throw CollectiveError(e.what());
   }
-  bool written = false;
-  if (std::optional<RingSlot> slot = target->put_in_ring(payload)) {
-    // Copied already: the tracker has nothing to wait for.
-    monitor_->sent(payload.size, /*through_shared_ring=*/true);
-    written = target->write(encode_ring_frame(header, *slot));
-  } else {
-    monitor_->sent(payload.size, /*through_shared_ring=*/false);
-    std::function<void()> release;
-    if (payload.size > 0) {
-      tracker->acquire();
-      release = [tracker] { tracker->release(); };
-    }
-    written = target->write(encode_frame(header, payload, std::move(release)));
+  std::function<void()> release;
+  if (payload.size > 0) {
+    tracker->acquire();
+    release = [tracker] { tracker->release(); };
   }
+  const bool written = target->send(header, payload, std::move(release));
   if (!written) {
     throw CollectiveError("the connection to rank " + std::to_string(dst) + " is closed" +
                           (failed() ? ": " + failure() : std::string()));
@@ -198,7 +192,7 @@ void GrpcMessenger::abort_peers(const std::string& reason) {
   // peer has one unless creation itself failed.
   std::lock_guard<std::mutex> lock(links_mutex_);
   for (auto& link : links_) {
-    if (link) link->write(encode_frame(header, ByteView{}, nullptr));
+    if (link) link->send(header, ByteView{}, nullptr);
   }
 }
 

@@ -30,7 +30,7 @@ using Clock = std::chrono::steady_clock;
 
 // One Exchange RPC. A reactor serves one call only, so a retried connection
 // attempt is a new Stream on the same channel.
-class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>, public FrameStream {
  public:
   struct Outcome {
     bool ok = false;
@@ -74,7 +74,7 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
     return outcome_;
   }
 
-  bool write(grpc::ByteBuffer message) {
+  bool write(grpc::ByteBuffer message) override {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (done_ || closing_) return false;
@@ -90,7 +90,12 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
     return true;
   }
 
-  void begin_close() {
+  bool ended() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return done_;
+  }
+
+  void begin_close() override {
     bool send_writes_done = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -235,7 +240,7 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   Transcript transcript_;
   grpc::ByteBuffer read_buffer_;
 
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable cv_;
   Phase phase_ = Phase::AwaitChallenge;
   Outcome outcome_;
@@ -248,9 +253,10 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
 };
 
 PeerLink::PeerLink(const std::string& target, const LinkIdentity& identity, const TransportConfig& config,
-                   std::function<void(const std::string&)> on_failure)
+                   std::function<void(const std::string&)> on_failure, RingWriter::SentCounter count_sent)
     : description_("rank " + std::to_string(identity.src_rank) + " to rank " + std::to_string(identity.dst_rank) +
                    " at " + target),
+      count_sent_(std::move(count_sent)),
       ring_possible_(config.shared_memory && is_unix_address(target)),
       ring_slots_(static_cast<uint32_t>(std::clamp<size_t>(config.max_queued_frames, 1, kMaxRingSlots))),
       ring_slot_bytes_(config.max_payload_bytes) {
@@ -290,31 +296,53 @@ PeerLink::PeerLink(const std::string& target, const LinkIdentity& identity, cons
   }
 }
 
-bool PeerLink::write(grpc::ByteBuffer frame) { return stream_->write(std::move(frame)); }
-
-std::optional<RingSlot> PeerLink::put_in_ring(ByteView payload) {
-  if (payload.size < kMinRingPayloadBytes) return std::nullopt;
-  std::lock_guard<std::mutex> lock(ring_mutex_);
-  if (!ring_possible_) return std::nullopt;
-  if (!ring_) {
-    try {
-      ring_ = std::make_unique<SendRing>(ring_slots_, ring_slot_bytes_);
-    } catch (const std::exception& e) {
-      ring_possible_ = false;
-      log_warning("could not make a shared-memory ring for " + description_ + " (" + e.what() +
-                  "); chunks to that peer go through the socket, which is slower. Set "
-                  "TORCH_GRPC_PG_SHARED_MEMORY=0 to stop trying.");
-      return std::nullopt;
-    }
-    // The peer maps the ring when it reads this; until then put() finds it unmapped.
-    if (!stream_->write(encode_ring_offer(ring_->offer()))) return std::nullopt;
-  }
-  return ring_->put(payload);
+bool PeerLink::send(const FrameHeader& header, ByteView payload, std::function<void()> release) {
+  if (RingWriter* writer = ring_writer(payload)) return writer->send(header, payload, std::move(release));
+  count_sent_(payload.size, /*through_ring=*/false);
+  return stream_->write(encode_frame(header, payload, std::move(release)));
 }
 
-void PeerLink::begin_close() { stream_->begin_close(); }
+RingWriter* PeerLink::ring_writer(ByteView payload) {
+  std::lock_guard<std::mutex> lock(ring_mutex_);
+  if (ring_writer_ || !ring_possible_ || payload.size < kMinRingPayloadBytes) return ring_writer_.get();
+  ring_possible_ = false;  // one try per link
+  std::unique_ptr<SendRing> ring;
+  try {
+    ring = std::make_unique<SendRing>(ring_slots_, ring_slot_bytes_);
+  } catch (const std::exception& e) {
+    log_warning("could not make a shared-memory ring for " + description_ + " (" + e.what() +
+                "); chunks to that peer go through the socket, which is slower. Set "
+                "TORCH_GRPC_PG_SHARED_MEMORY=0 to stop trying.");
+    return nullptr;
+  }
+  // The peer maps the ring when it reads this; until then the writer finds it
+  // unmapped and sends payloads inline.
+  if (!stream_->write(encode_ring_offer(ring->offer()))) return nullptr;
+  ring_writer_ = std::make_unique<RingWriter>(std::move(ring), *stream_, count_sent_);
+  return ring_writer_.get();
+}
 
-void PeerLink::wait_closed(std::chrono::steady_clock::time_point deadline) { stream_->wait_closed(deadline); }
+void PeerLink::begin_close() {
+  RingWriter* writer = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(ring_mutex_);
+    ring_possible_ = false;
+    writer = ring_writer_.get();
+  }
+  // The writer closes the stream once it has written what it holds.
+  if (writer) writer->begin_close();
+  else stream_->begin_close();
+}
+
+void PeerLink::wait_closed(std::chrono::steady_clock::time_point deadline) {
+  RingWriter* writer = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(ring_mutex_);
+    writer = ring_writer_.get();
+  }
+  if (writer) writer->wait_closed(deadline);
+  stream_->wait_closed(deadline);
+}
 
 PeerLink::~PeerLink() {
   begin_close();

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "algorithms/frame.h"
-#include "transport/shared_ring.h"
+#include "transport/ring_writer.h"
 #include "transport/transport_config.h"
 
 namespace tgpg {
@@ -30,22 +30,20 @@ class PeerLink {
  public:
   // Connects and handshakes, retrying while the peer's server is not up yet,
   // until the connect timeout; throws std::runtime_error with what went wrong.
-  // `on_failure` runs (on a gRPC thread) if the stream later breaks.
+  // `on_failure` runs (on a gRPC thread) if the stream later breaks;
+  // `count_sent` for every payload as it goes out.
   PeerLink(const std::string& target, const LinkIdentity& identity, const TransportConfig& config,
-           std::function<void(const std::string&)> on_failure);
+           std::function<void(const std::string&)> on_failure, RingWriter::SentCounter count_sent);
   ~PeerLink();
   PeerLink(const PeerLink&) = delete;
   PeerLink& operator=(const PeerLink&) = delete;
 
-  // False if the stream is broken or closing; the frame is dropped then.
-  bool write(grpc::ByteBuffer frame);
-
-  // To a peer on this host: copies `payload` into this link's shared ring and
-  // says where, for a frame written next by encode_ring_frame. Nothing when the
-  // payload is small, the link crosses hosts, the peer has not mapped the ring
-  // (it is offered on the first call) or holds all its slots: the payload then
-  // goes inline.
-  std::optional<RingSlot> put_in_ring(ByteView payload);
+  // Queues a frame; frames reach the peer in the order they were sent. The
+  // payload is not copied here: `release` runs once it may change again. To a
+  // peer on this host, the first payload of kMinRingPayloadBytes or more
+  // offers a shared ring, and from then on a RingWriter copies large payloads
+  // into it. False if the stream is broken or closing; the frame is dropped then.
+  bool send(const FrameHeader& header, ByteView payload, std::function<void()> release);
 
   // Closing is split so that a group closes all its links at once: begin on
   // every link, then wait on each under one deadline, past which the stream is cut.
@@ -55,14 +53,21 @@ class PeerLink {
   class Stream;
 
  private:
+  // The link's RingWriter, made (with the ring, which is offered then) by the
+  // first payload that should go through one; null while frames go straight
+  // to the stream.
+  RingWriter* ring_writer(ByteView payload);
+
   std::string description_;
+  RingWriter::SentCounter count_sent_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<Stream> stream_;
   std::mutex ring_mutex_;
   bool ring_possible_;
   uint32_t ring_slots_;
   uint64_t ring_slot_bytes_;
-  std::unique_ptr<SendRing> ring_;
+  // After stream_, so that it goes first: its thread writes to the stream.
+  std::unique_ptr<RingWriter> ring_writer_;
 };
 
 }  // namespace tgpg

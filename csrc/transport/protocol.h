@@ -2,8 +2,8 @@
 
 namespace tgpg {
 
-// Must match PROTOCOL_VERSION_CURRENT in protos/torch_grpc_pg.proto.
-constexpr unsigned kProtocolVersion = 4;
+// PROTOCOL_VERSION_CURRENT of protos/torch_grpc_pg.proto (wire_format.cc checks).
+constexpr unsigned kProtocolVersion = 5;
 
 constexpr const char* kExchangeMethod = "/torch_grpc_pg.ProcessGroupService/Exchange";
 

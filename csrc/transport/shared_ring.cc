@@ -1,14 +1,18 @@
 #include "transport/shared_ring.h"
 
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <cstring>
+#include <ctime>
 #include <new>
 #include <stdexcept>
 #include <utility>
@@ -28,7 +32,9 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t
 struct RingHeader {
   uint64_t magic;
   char token[kTokenBytes];
-  std::atomic<uint32_t> attached;  // set by the receiver once it has mapped the file
+  std::atomic<uint32_t> attached;        // set by the receiver once it has mapped the file
+  std::atomic<uint32_t> released;        // counts slots given back; the futex the sender waits on
+  std::atomic<uint32_t> sender_waiting;  // 1 while the sender waits: only then does a release wake it
 };
 
 // One per slot, after the header; a cache line each, so that the two processes
@@ -44,6 +50,21 @@ size_t data_offset(uint32_t slots) { return round_up(states_offset() + slots * s
 size_t slot_stride(uint64_t slot_bytes) { return round_up(slot_bytes, kPageBytes); }
 
 std::string system_error(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+// Shared futexes (no FUTEX_PRIVATE_FLAG): the word lies in a file that two
+// processes map, and the kernel matches waiter and waker by the file's page.
+// std::atomic<uint32_t> is a plain 32-bit word (static_assert above), which is
+// what a futex is.
+void futex_wait(std::atomic<uint32_t>& word, uint32_t expected, std::chrono::milliseconds at_most) {
+  const auto ms = at_most.count();
+  const timespec timeout{static_cast<time_t>(ms / 1000), static_cast<long>(ms % 1000) * 1000000L};
+  // EAGAIN (the word moved on), EINTR and ETIMEDOUT all mean: look again.
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT, expected, &timeout, nullptr, 0);
+}
+
+void futex_wake_all(std::atomic<uint32_t>& word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
 
 // Not a secret: it tells the receiver that the file it opened is the one offered.
 std::string random_token() {
@@ -120,6 +141,10 @@ RingOffer SendRing::offer() const {
   return RingOffer{static_cast<uint32_t>(::getpid()), mapping_->fd, mapping_->slots, mapping_->slot_bytes, token_};
 }
 
+bool SendRing::attached() const {
+  return mapping_->header().attached.load(std::memory_order_acquire) != 0;
+}
+
 std::optional<RingSlot> SendRing::put(ByteView payload) {
   RingMapping& m = *mapping_;
   if (payload.size > m.slot_bytes) return std::nullopt;
@@ -139,6 +164,28 @@ std::optional<RingSlot> SendRing::put(ByteView payload) {
     return RingSlot{index, seq, payload.size};
   }
   return std::nullopt;
+}
+
+void SendRing::wait_for_free_slot(std::chrono::milliseconds at_most) {
+  RingMapping& m = *mapping_;
+  RingHeader& header = m.header();
+  // Read the count before looking at the slots: a release after the look
+  // moves the count on, and the futex then returns at once instead of sleeping.
+  const uint32_t seen = header.released.load(std::memory_order_seq_cst);
+  header.sender_waiting.store(1, std::memory_order_seq_cst);
+  bool any_free = false;
+  for (uint32_t i = 0; i < m.slots && !any_free; ++i) {
+    any_free = m.state(i).full.load(std::memory_order_seq_cst) == 0;
+  }
+  if (!any_free && !interrupted_.load()) futex_wait(header.released, seen, at_most);
+  header.sender_waiting.store(0, std::memory_order_relaxed);
+}
+
+void SendRing::interrupt() {
+  interrupted_.store(true);
+  // Wakes a waiter that already went to sleep; one that has not checks the flag.
+  mapping_->header().released.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake_all(mapping_->header().released);
 }
 
 class ReceiveRing::Lease {
@@ -231,9 +278,16 @@ std::pair<ByteView, std::shared_ptr<const void>> ReceiveRing::take(const RingSlo
 }
 
 void ReceiveRing::release(uint32_t index) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  held_[index] = false;
-  mapping_->state(index).full.store(0, std::memory_order_release);
+  RingHeader& header = mapping_->header();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    held_[index] = false;
+    mapping_->state(index).full.store(0, std::memory_order_seq_cst);
+  }
+  // seq_cst on both sides: either the sender saw this slot free before it
+  // slept, or this sees it waiting and wakes it.
+  header.released.fetch_add(1, std::memory_order_seq_cst);
+  if (header.sender_waiting.load(std::memory_order_seq_cst) != 0) futex_wake_all(header.released);
 }
 
 }  // namespace tgpg

@@ -1,5 +1,7 @@
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -22,9 +24,11 @@ namespace tgpg {
 // order, a dead peer still breaks the stream, and every header is checked as
 // before; only the payload moves aside.
 //
-// The sender never waits for a slot: when the receiver holds them all (a ring
-// schedule sends a whole segment before it receives), or has not mapped the
-// ring, the chunk goes inline on the stream as it always did.
+// When the receiver holds every slot (a ring schedule sends a whole segment
+// before it receives), the link's RingWriter waits on its own thread for one
+// to come back, as HTTP/2 flow control would make a socket wait, so that no
+// payload ever lands in gRPC's buffers. Until the receiver has mapped the
+// ring, or when it declined it, payloads go inline on the stream.
 
 // What the sender announces on its stream so that the receiver can map the ring.
 struct RingOffer {
@@ -69,9 +73,21 @@ class SendRing {
 
   RingOffer offer() const;
 
+  // Whether the receiver has mapped the ring; until then put() finds no slot.
+  bool attached() const;
+
   // Copies `payload` into a free slot. Nothing when the receiver has not
   // mapped the ring yet, holds every slot, or the payload exceeds a slot.
   std::optional<RingSlot> put(ByteView payload);
+
+  // Blocks until the receiver gives a slot back, interrupt() is called, or
+  // `at_most` passes; returns at once when a slot is free already. The
+  // receiver wakes the sender through a futex in the file only while the
+  // sender says it waits, so a ring that keeps up costs no system call.
+  void wait_for_free_slot(std::chrono::milliseconds at_most);
+
+  // Ends the current and every later wait_for_free_slot() at once.
+  void interrupt();
 
  private:
   std::unique_ptr<RingMapping> mapping_;
@@ -79,6 +95,7 @@ class SendRing {
   std::mutex mutex_;
   uint32_t next_ = 0;
   uint64_t seq_ = 0;
+  std::atomic<bool> interrupted_{false};
 };
 
 // The receiving side: the sender's file, mapped. Frames that refer to a slot

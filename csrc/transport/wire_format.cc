@@ -8,9 +8,13 @@
 #include <vector>
 
 #include "torch_grpc_pg.pb.h"
+#include "transport/protocol.h"
 
 namespace tgpg {
 namespace {
+
+static_assert(kProtocolVersion == torch_grpc_pg::PROTOCOL_VERSION_CURRENT,
+              "protocol.h and protos/torch_grpc_pg.proto name different protocol versions");
 
 // Protobuf tags of Frame's fields: (field number << 3) | wire type 2 (length-delimited).
 constexpr uint8_t kHeaderTag = (1 << 3) | 2;

@@ -1,16 +1,20 @@
-// SendRing / ReceiveRing: payloads round-trip through the shared file, the
-// sender falls back (never waits) when the receiver holds every slot, and the
-// receiver refuses every offer and slot reference it cannot trust.
+// SendRing / ReceiveRing: payloads round-trip through the shared file, put()
+// finds no slot while the receiver holds every one, a sender waiting for a
+// slot wakes when one comes back (or is interrupted), and the receiver refuses
+// every offer and slot reference it cannot trust.
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
+#include <future>
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "transport/shared_ring.h"
@@ -79,6 +83,63 @@ TEST(SharedRing, SenderFallsBackWhileTheReceiverHoldsEverySlot) {
   ASSERT_TRUE(slot);
   EXPECT_EQ(slot->index, 2u);
   EXPECT_FALSE(sender.put(view(more)));
+}
+
+// Fills every slot, each held by a lease.
+std::vector<std::shared_ptr<const void>> hold_every_slot(tgpg::SendRing& sender, tgpg::ReceiveRing& receiver) {
+  std::vector<std::shared_ptr<const void>> leases;
+  const auto data = pattern(100, 5);
+  for (uint32_t i = 0; i < kSlots; ++i) leases.push_back(receiver.take(*sender.put(view(data))).second);
+  return leases;
+}
+
+// How long wait_for_free_slot(at_most) took, run on another thread while
+// `meanwhile` runs here.
+template <typename Fn>
+std::chrono::milliseconds time_wait(tgpg::SendRing& sender, std::chrono::milliseconds at_most, Fn&& meanwhile) {
+  auto waited = std::async(std::launch::async, [&] {
+    const auto start = std::chrono::steady_clock::now();
+    sender.wait_for_free_slot(at_most);
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+  });
+  meanwhile();
+  return waited.get();
+}
+
+// The waits below allow 20 s, and a wake counts when it comes in under 10 s:
+// a sender that missed its wake-up would sleep the whole 20.
+constexpr std::chrono::milliseconds kLongWait{20000};
+constexpr std::chrono::milliseconds kWokenWithin{10000};
+
+TEST(SharedRing, AWaitingSenderWakesWhenASlotComesBack) {
+  tgpg::SendRing sender(kSlots, kSlotBytes);
+  auto receiver = tgpg::ReceiveRing::attach(sender.offer(), kSlotBytes);
+  auto leases = hold_every_slot(sender, *receiver);
+  const auto waited = time_wait(sender, kLongWait, [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    leases[1].reset();
+  });
+  EXPECT_LT(waited, kWokenWithin);
+  EXPECT_TRUE(sender.put(view(pattern(10, 0))));
+}
+
+TEST(SharedRing, WaitingReturnsAtOnceWhileASlotIsFree) {
+  tgpg::SendRing sender(kSlots, kSlotBytes);
+  auto receiver = tgpg::ReceiveRing::attach(sender.offer(), kSlotBytes);
+  EXPECT_LT(time_wait(sender, kLongWait, [] {}), kWokenWithin);
+}
+
+TEST(SharedRing, InterruptEndsEveryWait) {
+  tgpg::SendRing sender(kSlots, kSlotBytes);
+  auto receiver = tgpg::ReceiveRing::attach(sender.offer(), kSlotBytes);
+  auto leases = hold_every_slot(sender, *receiver);
+  const auto waited = time_wait(sender, kLongWait, [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    sender.interrupt();
+  });
+  EXPECT_LT(waited, kWokenWithin);
+  EXPECT_LT(time_wait(sender, kLongWait, [] {}), kWokenWithin) << "a later wait must not sleep either";
+  EXPECT_FALSE(sender.put(view(pattern(10, 0)))) << "every slot is still held";
 }
 
 TEST(SharedRing, PayloadLargerThanASlotGoesInline) {

@@ -1,0 +1,93 @@
+#pragma once
+
+#include <grpcpp/support/byte_buffer.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "algorithms/frame.h"
+#include "transport/shared_ring.h"
+
+namespace tgpg {
+
+// What a RingWriter writes its frames to: the link's gRPC stream.
+class FrameStream {
+ public:
+  virtual ~FrameStream() = default;
+  // False once the stream is closing or broken; the frame is dropped then.
+  virtual bool write(grpc::ByteBuffer frame) = 0;
+  virtual bool ended() const = 0;
+  virtual void begin_close() = 0;
+};
+
+// Sends one same-host link's frames once the link has a shared ring. Large
+// payloads are copied into the ring on this writer's own thread, which waits
+// for the receiver to give a slot back when it holds them all, so payloads
+// never pile up in gRPC's buffers and the collective's thread never copies
+// into the ring. Every frame of the link passes through here, so frames keep
+// the order they were sent in; one that finds nothing queued before it and
+// needs no slot is written at once, on the caller's thread.
+class RingWriter {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // Bytes of payload in a frame just made, and whether they went through the ring.
+  using SentCounter = std::function<void(size_t bytes, bool through_ring)>;
+
+  RingWriter(std::unique_ptr<SendRing> ring, FrameStream& stream, SentCounter count_sent);
+  // Drops what is still queued (releasing its payloads) and joins the thread.
+  ~RingWriter();
+  RingWriter(const RingWriter&) = delete;
+  RingWriter& operator=(const RingWriter&) = delete;
+
+  // Queues a frame. `release` runs once the payload needs to stay unchanged
+  // no longer: copied into the ring, written by gRPC, or dropped. False once
+  // closing or after the stream ended. An abort frame overtakes the data
+  // queued before it, which is dropped: a failed group needs none of it, and a
+  // receiver that holds every slot must still hear why.
+  bool send(const FrameHeader& header, ByteView payload, std::function<void()> release);
+
+  // No more frames are taken; the thread writes what is queued, then begins
+  // closing the stream.
+  void begin_close();
+  // Waits for the queue to drain until `deadline`, then drops what is left;
+  // the stream has begun closing when this returns.
+  void wait_closed(Clock::time_point deadline);
+
+ private:
+  struct Pending {
+    FrameHeader header;
+    ByteView payload;
+    std::function<void()> release;
+  };
+
+  void run();
+  // Whether `payload` goes through the ring rather than inline.
+  bool belongs_in_ring(ByteView payload) const;
+  // The frame that carries `item`: its payload copied into a slot (waiting
+  // for one) or inline. Nothing when the wait was given up (abort, close
+  // past its deadline, broken stream); the payload is released either way.
+  std::optional<grpc::ByteBuffer> make_frame(Pending& item);
+
+  std::unique_ptr<SendRing> ring_;
+  FrameStream& stream_;
+  SentCounter count_sent_;
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Pending> queue_;
+  bool busy_ = false;       // a thread is making or writing a frame of this link
+  bool closing_ = false;    // no new frames; close the stream once drained
+  bool give_up_ = false;    // an abort, or a close past its deadline: no more waiting for slots
+  bool broken_ = false;     // a write failed: the stream has ended
+  bool finished_ = false;   // the thread has begun closing the stream and is gone
+  std::thread thread_;
+};
+
+}  // namespace tgpg

@@ -1,0 +1,229 @@
+// RingWriter: a link's frames keep their order whether their payload goes
+// through the shared ring or inline; a payload waits for a slot rather than
+// going inline when the receiver holds every slot; an abort overtakes queued
+// data; closing drains what is queued, and gives up at its deadline.
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "transport/ring_writer.h"
+#include "transport/wire_format.h"
+
+namespace tgpg_test {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kSlotBytes = tgpg::kMinRingPayloadBytes * 2;
+constexpr size_t kBig = tgpg::kMinRingPayloadBytes;  // the smallest payload the ring takes
+constexpr size_t kSmall = 100;
+
+std::vector<std::byte> pattern(size_t n, int seed) {
+  std::vector<std::byte> bytes(n);
+  for (size_t i = 0; i < n; ++i) bytes[i] = static_cast<std::byte>((i * 131 + seed) & 0xff);
+  return bytes;
+}
+
+tgpg::FrameHeader data_header(uint64_t offset) {
+  tgpg::FrameHeader header;
+  header.seq = 7;
+  header.offset = offset;
+  return header;
+}
+
+// What the peer's reactor would see: every message decoded, ring payloads
+// taken from the mapped ring (and held until the test lets them go).
+class RecordingStream : public tgpg::FrameStream {
+ public:
+  struct Received {
+    tgpg::FrameHeader header;
+    std::vector<std::byte> payload;
+    bool through_ring = false;
+    std::shared_ptr<const void> lease;
+  };
+
+  void map(tgpg::SendRing& ring) { receiver_ = tgpg::ReceiveRing::attach(ring.offer(), kSlotBytes); }
+
+  bool write(grpc::ByteBuffer frame) override {
+    tgpg::DecodedMessage message = tgpg::decode_message(std::move(frame), kSlotBytes);
+    Received got{message.frame.header, {}, message.ring_slot.has_value(), nullptr};
+    if (message.ring_slot) {
+      auto [payload, lease] = receiver_->take(*message.ring_slot);
+      got.payload.assign(payload.data, payload.data + payload.size);
+      if (hold_) got.lease = std::move(lease);
+    } else {
+      got.payload.resize(message.frame.payload_bytes());
+      message.frame.copy_payload_to(got.payload.data());
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    received_.push_back(std::move(got));
+    cv_.notify_all();
+    return !ended_;
+  }
+  bool ended() const override { return ended_; }
+  void begin_close() override { closed_ = true; }
+
+  // Slots stay held by the received frames until give_back().
+  void hold_slots(bool hold) { hold_ = hold; }
+  void give_back() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& r : received_) r.lease.reset();
+  }
+  // Waits until `n` frames arrived; false after 10 s.
+  bool wait_for(size_t n) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return cv_.wait_for(lock, std::chrono::seconds(10), [&] { return received_.size() >= n; });
+  }
+  size_t count() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return received_.size();
+  }
+  std::vector<Received> received() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return received_;
+  }
+  bool closed() const { return closed_; }
+
+ private:
+  std::shared_ptr<tgpg::ReceiveRing> receiver_;
+  std::atomic<bool> hold_{false};
+  std::atomic<bool> ended_{false};
+  std::atomic<bool> closed_{false};
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<Received> received_;
+};
+
+// A SendRing and a writer over a recording stream, with a count of released payloads.
+struct Link {
+  explicit Link(uint32_t slots, bool mapped = true) {
+    auto ring = std::make_unique<tgpg::SendRing>(slots, kSlotBytes);
+    if (mapped) stream.map(*ring);
+    writer = std::make_unique<tgpg::RingWriter>(std::move(ring), stream, [this](size_t bytes, bool through_ring) {
+      (through_ring ? shared_bytes : inline_bytes) += bytes;
+    });
+  }
+  bool send(uint64_t offset, const std::vector<std::byte>& payload) {
+    return writer->send(data_header(offset), tgpg::ByteView{payload.data(), payload.size()}, [this] { ++released; });
+  }
+
+  RecordingStream stream;
+  std::atomic<size_t> released{0};
+  std::atomic<size_t> shared_bytes{0};
+  std::atomic<size_t> inline_bytes{0};
+  std::unique_ptr<tgpg::RingWriter> writer;
+};
+
+TEST(RingWriter, FramesKeepTheirOrderAcrossTheRingAndInline) {
+  Link link(/*slots=*/2);
+  std::vector<std::vector<std::byte>> payloads;
+  for (int i = 0; i < 12; ++i) payloads.push_back(pattern(i % 3 == 0 ? kSmall : i % 3 == 1 ? kBig : 0, i));
+  for (size_t i = 0; i < payloads.size(); ++i) ASSERT_TRUE(link.send(i, payloads[i]));
+  ASSERT_TRUE(link.stream.wait_for(payloads.size()));
+  const auto got = link.stream.received();
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].header.offset, i);
+    EXPECT_EQ(got[i].payload, payloads[i]) << "frame " << i;
+    EXPECT_EQ(got[i].through_ring, payloads[i].size() >= kBig) << "frame " << i;
+  }
+  EXPECT_EQ(link.shared_bytes.load(), 4 * kBig);
+  EXPECT_EQ(link.inline_bytes.load(), 4 * kSmall);
+}
+
+TEST(RingWriter, WaitsForASlotRatherThanSendingInline) {
+  Link link(/*slots=*/2);
+  link.stream.hold_slots(true);
+  std::vector<std::vector<std::byte>> payloads;
+  for (int i = 0; i < 5; ++i) payloads.push_back(pattern(kBig, i));
+  for (size_t i = 0; i < payloads.size(); ++i) ASSERT_TRUE(link.send(i, payloads[i]));
+  ASSERT_TRUE(link.stream.wait_for(2));
+  // Were the third payload sent inline instead, it would arrive at once.
+  std::this_thread::sleep_for(milliseconds(200));
+  EXPECT_EQ(link.stream.count(), 2u);
+  EXPECT_EQ(link.released.load(), 2u) << "a payload waiting for a slot must stay referenced";
+
+  link.stream.hold_slots(false);
+  link.stream.give_back();
+  ASSERT_TRUE(link.stream.wait_for(payloads.size()));
+  const auto got = link.stream.received();
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(got[i].through_ring) << "frame " << i;
+    EXPECT_EQ(got[i].header.offset, i);
+    EXPECT_EQ(got[i].payload, payloads[i]) << "frame " << i;
+  }
+  EXPECT_EQ(link.released.load(), payloads.size());
+  EXPECT_EQ(link.inline_bytes.load(), 0u);
+}
+
+TEST(RingWriter, AnAbortOvertakesQueuedDataAndReleasesIt) {
+  Link link(/*slots=*/1);
+  link.stream.hold_slots(true);
+  const auto payload = pattern(kBig, 1);
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(link.send(i, payload));
+  ASSERT_TRUE(link.stream.wait_for(1));
+
+  tgpg::FrameHeader abort;
+  abort.kind = tgpg::FrameKind::Abort;
+  abort.error = "rank 0 failed";
+  ASSERT_TRUE(link.writer->send(abort, tgpg::ByteView{}, nullptr));
+  ASSERT_TRUE(link.stream.wait_for(2));
+  const auto got = link.stream.received();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[1].header.kind, tgpg::FrameKind::Abort);
+  EXPECT_EQ(got[1].header.error, "rank 0 failed");
+  EXPECT_EQ(link.released.load(), 4u) << "dropped payloads must be released";
+}
+
+TEST(RingWriter, ClosingWritesWhatIsQueuedFirst) {
+  Link link(/*slots=*/1);
+  link.stream.hold_slots(true);
+  const auto payload = pattern(kBig, 2);
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(link.send(i, payload));
+  ASSERT_TRUE(link.stream.wait_for(1));
+  link.writer->begin_close();
+  EXPECT_FALSE(link.send(9, payload)) << "a closing writer takes no new frames";
+  EXPECT_FALSE(link.stream.closed()) << "the stream closes only once the queue is written";
+
+  link.stream.hold_slots(false);
+  link.stream.give_back();
+  link.writer->wait_closed(Clock::now() + std::chrono::seconds(10));
+  EXPECT_EQ(link.stream.count(), 3u);
+  EXPECT_TRUE(link.stream.closed());
+  EXPECT_EQ(link.released.load(), 4u);
+}
+
+TEST(RingWriter, ClosingGivesUpAtItsDeadline) {
+  Link link(/*slots=*/1);
+  link.stream.hold_slots(true);
+  const auto payload = pattern(kBig, 3);
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(link.send(i, payload));
+  ASSERT_TRUE(link.stream.wait_for(1));
+  link.writer->begin_close();
+  const auto start = Clock::now();
+  link.writer->wait_closed(start + milliseconds(100));
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5)) << "a receiver that holds its slots must not hang a close";
+  EXPECT_EQ(link.stream.count(), 1u);
+  EXPECT_TRUE(link.stream.closed());
+  EXPECT_EQ(link.released.load(), 3u);
+}
+
+TEST(RingWriter, AnUnmappedRingSendsPayloadsInline) {
+  Link link(/*slots=*/2, /*mapped=*/false);
+  const auto payload = pattern(kBig, 4);
+  ASSERT_TRUE(link.send(0, payload));
+  ASSERT_TRUE(link.stream.wait_for(1));
+  const auto got = link.stream.received();
+  EXPECT_FALSE(got[0].through_ring);
+  EXPECT_EQ(got[0].payload, payload);
+  EXPECT_EQ(link.inline_bytes.load(), kBig);
+}
+
+}  // namespace
+}  // namespace tgpg_test
