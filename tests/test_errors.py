@@ -370,6 +370,25 @@ def test_recv_that_nobody_sends_times_out_naming_the_peer() -> None:
         assert "timed out" in outcome.message, outcome.message
 
 
+def _sends_head_to_head(ctx: RankContext) -> Outcome:
+    init_default_group(ctx, P2P_TIMEOUT)
+
+    def call() -> None:
+        # Each rank sends more than its peer buffers before either receives.
+        peer = 1 - ctx.rank
+        dist.send(torch.ones(LARGE_NUMEL), dst=peer)
+        dist.recv(torch.zeros(LARGE_NUMEL), src=peer)
+
+    return _attempt(ctx, call)
+
+
+def test_large_sends_head_to_head_time_out_naming_the_peer() -> None:
+    within = P2P_TIMEOUT.total_seconds() + LATE_S
+    for outcome in _run(_sends_head_to_head, 2):
+        _assert_failed(outcome, "send", [0, 1], within_s=within)
+        assert "timed out" in outcome.message, outcome.message
+
+
 def _bad_peers(ctx: RankContext) -> Outcome:
     init_default_group(ctx, FAULT_TIMEOUT)
     backend = dist.distributed_c10d._get_default_group()._get_backend(

@@ -258,7 +258,7 @@ PeerLink::PeerLink(const std::string& target, const LinkIdentity& identity, cons
                    " at " + target),
       count_sent_(std::move(count_sent)),
       ring_possible_(config.shared_memory && is_unix_address(target)),
-      ring_slots_(static_cast<uint32_t>(std::clamp<size_t>(config.max_queued_frames, 1, kMaxRingSlots))),
+      ring_slots_(static_cast<uint32_t>(std::clamp<size_t>(config.max_queued_frames, 1, kRingSlots))),
       ring_slot_bytes_(config.max_payload_bytes) {
   const grpc::ChannelArguments args = channel_arguments(config);
   // A channel over a socket of our own cannot reconnect: each try gets a new one.

@@ -52,6 +52,13 @@ struct RingMapping;
 // The most slots a receiver maps for one stream.
 constexpr uint32_t kMaxRingSlots = 64;
 
+// The slots a sender offers (fewer when max_queued_frames is lower). Two
+// already let the receiver reduce one chunk while the sender copies the next;
+// four absorb a slow turn. More only push slots out of the CPU's cache: eight
+// slots of 2 MiB ran a 64 MiB allreduce 15-30% slower than four on an AMD EPYC
+// (benchmarks/RESULTS.md).
+constexpr uint32_t kRingSlots = 4;
+
 // Chunks below this go inline: the copy they would save is smaller than the
 // bookkeeping, and small messages keep their one-message latency.
 constexpr size_t kMinRingPayloadBytes = 64 << 10;
