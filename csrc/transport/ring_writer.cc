@@ -20,19 +20,8 @@ void release_payload(std::function<void()>& release) {
 RingWriter::RingWriter(std::unique_ptr<SendRing> ring, FrameStream& stream, SentCounter count_sent)
     : ring_(std::move(ring)), stream_(stream), count_sent_(std::move(count_sent)), thread_([this] { run(); }) {}
 
-RingWriter::~RingWriter() {
-  std::deque<Pending> dropped;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    closing_ = true;
-    give_up_ = true;
-    dropped.swap(queue_);
-  }
-  ring_->interrupt();
-  cv_.notify_all();
-  for (auto& item : dropped) release_payload(item.release);
-  if (thread_.joinable()) thread_.join();
-}
+// A deadline already past: whatever is still queued is dropped at once.
+RingWriter::~RingWriter() { wait_closed(Clock::now()); }
 
 bool RingWriter::belongs_in_ring(ByteView payload) const {
   return payload.size >= kMinRingPayloadBytes && ring_->attached();
