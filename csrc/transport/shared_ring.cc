@@ -148,7 +148,7 @@ bool SendRing::attached() const {
 std::optional<RingSlot> SendRing::put(ByteView payload) {
   RingMapping& m = *mapping_;
   if (payload.size > m.slot_bytes) return std::nullopt;
-  if (m.header().attached.load(std::memory_order_acquire) == 0) return std::nullopt;
+  if (!attached()) return std::nullopt;
   std::lock_guard<std::mutex> lock(mutex_);
   for (uint32_t tried = 0; tried < m.slots; ++tried) {
     const uint32_t index = (next_ + tried) % m.slots;

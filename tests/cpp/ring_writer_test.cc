@@ -113,6 +113,16 @@ struct Link {
   bool send(uint64_t offset, const std::vector<std::byte>& payload) {
     return writer->send(data_header(offset), tgpg::ByteView{payload.data(), payload.size()}, [this] { ++released; });
   }
+  // Sends `frames` large payloads to a receiver that holds its slots, and
+  // returns once the first has arrived: the others are queued behind it.
+  // False if a send was refused or nothing arrived.
+  bool stall(uint64_t frames, const std::vector<std::byte>& payload) {
+    stream.hold_slots(true);
+    for (uint64_t i = 0; i < frames; ++i) {
+      if (!send(i, payload)) return false;
+    }
+    return stream.wait_for(1);
+  }
 
   RecordingStream stream;
   std::atomic<size_t> released{0};
@@ -164,10 +174,8 @@ TEST(RingWriter, WaitsForASlotRatherThanSendingInline) {
 
 TEST(RingWriter, AnAbortOvertakesQueuedDataAndReleasesIt) {
   Link link(/*slots=*/1);
-  link.stream.hold_slots(true);
   const auto payload = pattern(kBig, 1);
-  for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(link.send(i, payload));
-  ASSERT_TRUE(link.stream.wait_for(1));
+  ASSERT_TRUE(link.stall(4, payload));
 
   tgpg::FrameHeader abort;
   abort.kind = tgpg::FrameKind::Abort;
@@ -183,10 +191,8 @@ TEST(RingWriter, AnAbortOvertakesQueuedDataAndReleasesIt) {
 
 TEST(RingWriter, ClosingWritesWhatIsQueuedFirst) {
   Link link(/*slots=*/1);
-  link.stream.hold_slots(true);
   const auto payload = pattern(kBig, 2);
-  for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(link.send(i, payload));
-  ASSERT_TRUE(link.stream.wait_for(1));
+  ASSERT_TRUE(link.stall(3, payload));
   link.writer->begin_close();
   EXPECT_FALSE(link.send(9, payload)) << "a closing writer takes no new frames";
   EXPECT_FALSE(link.stream.closed()) << "the stream closes only once the queue is written";
@@ -201,10 +207,8 @@ TEST(RingWriter, ClosingWritesWhatIsQueuedFirst) {
 
 TEST(RingWriter, ClosingGivesUpAtItsDeadline) {
   Link link(/*slots=*/1);
-  link.stream.hold_slots(true);
   const auto payload = pattern(kBig, 3);
-  for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(link.send(i, payload));
-  ASSERT_TRUE(link.stream.wait_for(1));
+  ASSERT_TRUE(link.stall(3, payload));
   link.writer->begin_close();
   const auto start = Clock::now();
   link.writer->wait_closed(start + milliseconds(100));

@@ -94,15 +94,16 @@ std::vector<std::shared_ptr<const void>> hold_every_slot(tgpg::SendRing& sender,
 }
 
 // How long wait_for_free_slot(at_most) took, run on another thread while
-// `meanwhile` runs here.
+// `then` runs here 100 ms after it began.
 template <typename Fn>
-std::chrono::milliseconds time_wait(tgpg::SendRing& sender, std::chrono::milliseconds at_most, Fn&& meanwhile) {
+std::chrono::milliseconds time_wait(tgpg::SendRing& sender, std::chrono::milliseconds at_most, Fn&& then) {
   auto waited = std::async(std::launch::async, [&] {
     const auto start = std::chrono::steady_clock::now();
     sender.wait_for_free_slot(at_most);
     return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
   });
-  meanwhile();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  then();
   return waited.get();
 }
 
@@ -115,10 +116,7 @@ TEST(SharedRing, AWaitingSenderWakesWhenASlotComesBack) {
   tgpg::SendRing sender(kSlots, kSlotBytes);
   auto receiver = tgpg::ReceiveRing::attach(sender.offer(), kSlotBytes);
   auto leases = hold_every_slot(sender, *receiver);
-  const auto waited = time_wait(sender, kLongWait, [&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    leases[1].reset();
-  });
+  const auto waited = time_wait(sender, kLongWait, [&] { leases[1].reset(); });
   EXPECT_LT(waited, kWokenWithin);
   EXPECT_TRUE(sender.put(view(pattern(10, 0))));
 }
@@ -133,10 +131,7 @@ TEST(SharedRing, InterruptEndsEveryWait) {
   tgpg::SendRing sender(kSlots, kSlotBytes);
   auto receiver = tgpg::ReceiveRing::attach(sender.offer(), kSlotBytes);
   auto leases = hold_every_slot(sender, *receiver);
-  const auto waited = time_wait(sender, kLongWait, [&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    sender.interrupt();
-  });
+  const auto waited = time_wait(sender, kLongWait, [&] { sender.interrupt(); });
   EXPECT_LT(waited, kWokenWithin);
   EXPECT_LT(time_wait(sender, kLongWait, [] {}), kWokenWithin) << "a later wait must not sleep either";
   EXPECT_FALSE(sender.put(view(pattern(10, 0)))) << "every slot is still held";
