@@ -13,9 +13,13 @@ size_t ReceivedFrame::payload_bytes() const {
 }
 
 void ReceivedFrame::copy_payload_to(void* dst) const {
+  copy_payload_to(dst, [](void* to, const void* from, size_t bytes) { std::memcpy(to, from, bytes); });
+}
+
+void ReceivedFrame::copy_payload_to(void* dst, CopyFn copy) const {
   auto* out = static_cast<std::byte*>(dst);
   for (const auto& view : payload) {
-    std::memcpy(out, view.data, view.size);
+    copy(out, view.data, view.size);
     out += view.size;
   }
 }

@@ -41,7 +41,11 @@ struct ReceivedFrame {
   std::shared_ptr<const void> owner;
 
   size_t payload_bytes() const;
+  // Copies the payload's views one after another to `dst`, each with `copy`
+  // (memcpy's arguments), or with memcpy.
+  using CopyFn = void (*)(void* dst, const void* src, size_t bytes);
   void copy_payload_to(void* dst) const;
+  void copy_payload_to(void* dst, CopyFn copy) const;
 };
 
 }  // namespace tgpg
