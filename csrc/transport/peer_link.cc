@@ -57,6 +57,11 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
     h->set_settings(settings);
     write(encode_handshake(hello));
     StartRead(&read_buffer_);
+    // Frames are written from the group's threads, outside any reaction. The
+    // hold keeps gRPC from finishing the call (and freeing its state) between
+    // such a thread's check that the stream is open and its StartWrite; it is
+    // removed once no more writes can start (see take_hold).
+    AddHold();
     StartCall();
   }
 
@@ -77,7 +82,7 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   bool write(grpc::ByteBuffer message) override {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (done_ || closing_) return false;
+      if (done_ || closing_ || writes_ended_) return false;
       if (writing_) {
         queue_.push_back(std::move(message));
         return true;
@@ -92,7 +97,7 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
 
   bool ended() const override {
     std::lock_guard<std::mutex> lock(mutex_);
-    return done_;
+    return done_ || writes_ended_;
   }
 
   void begin_close() override {
@@ -100,10 +105,9 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
     {
       std::lock_guard<std::mutex> lock(mutex_);
       closing_ = true;
-      send_writes_done = !writing_ && !writes_done_sent_ && !done_;
-      writes_done_sent_ = writes_done_sent_ || send_writes_done;
+      send_writes_done = !writing_ && !writes_ended_ && take_hold();
     }
-    if (send_writes_done) StartWritesDone();
+    if (send_writes_done) finish_writes();
   }
 
   void wait_closed(Clock::time_point deadline) {
@@ -116,7 +120,10 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) return;  // the server ended the call; OnDone says why
+    if (!ok) {
+      end_writes();  // the server ended the call; OnDone says why
+      return;
+    }
     Phase phase;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -125,6 +132,7 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
     try {
       if (phase == Phase::AwaitChallenge) on_challenge();
       else if (phase == Phase::AwaitWelcome) on_welcome();
+      else keep_reading();  // nothing follows the Welcome: dropped
     } catch (const std::exception& e) {
       fail_handshake(std::string("the peer's handshake reply is malformed: ") + e.what(), false);
     }
@@ -132,23 +140,28 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
 
   void OnWriteDone(bool ok) override {
     bool send_writes_done = false;
+    bool remove_hold = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       in_flight_.Clear();
-      if (!ok || queue_.empty()) {
+      // A failed write ends the stream; OnDone reports why.
+      writes_ended_ = writes_ended_ || !ok;
+      if (writes_ended_ || queue_.empty()) {
         writing_ = false;
-        // A failed write ends the stream; OnDone reports why. Dropping the
-        // queue releases the payloads it holds.
-        if (!ok) queue_.clear();
-        send_writes_done = ok && closing_ && !writes_done_sent_;
-        writes_done_sent_ = writes_done_sent_ || send_writes_done;
+        if (writes_ended_) {
+          queue_.clear();  // releases the payloads it holds
+          remove_hold = take_hold();
+        } else {
+          send_writes_done = closing_ && take_hold();
+        }
       } else {
         in_flight_ = std::move(queue_.front());
         queue_.pop_front();
       }
-      if (!writing_ && !send_writes_done) return;
+      if (!writing_ && !send_writes_done && !remove_hold) return;
     }
-    if (send_writes_done) StartWritesDone();
+    if (send_writes_done) finish_writes();
+    else if (remove_hold) RemoveHold();
     else StartWrite(&in_flight_);
   }
 
@@ -216,9 +229,45 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
                      false);
       return;
     }
-    std::lock_guard<std::mutex> lock(mutex_);
-    phase_ = Phase::Open;
-    cv_.notify_all();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      phase_ = Phase::Open;
+      cv_.notify_all();
+    }
+    // The server sends nothing more; this read fails when the call ends, and
+    // its failure removes the hold, so that the call of a stream with nothing
+    // to write still finishes (and OnDone reports it) when the peer is gone.
+    keep_reading();
+  }
+
+  void keep_reading() {
+    read_buffer_.Clear();
+    StartRead(&read_buffer_);
+  }
+
+  // Whoever takes the hold removes it: once, and only when no write can start
+  // any more. The caller holds mutex_.
+  bool take_hold() {
+    if (hold_taken_) return false;
+    hold_taken_ = true;
+    return true;
+  }
+
+  void finish_writes() {
+    StartWritesDone();
+    RemoveHold();
+  }
+
+  // The call is ending: no write starts from now on, and the hold goes as soon
+  // as none is in flight (else the write's completion removes it).
+  void end_writes() {
+    bool remove_hold = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      writes_ended_ = true;
+      remove_hold = !writing_ && take_hold();
+    }
+    if (remove_hold) RemoveHold();
   }
 
   void fail_handshake(const std::string& error, bool retryable) {
@@ -230,6 +279,7 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
       cv_.notify_all();
     }
     context_.TryCancel();
+    end_writes();
   }
 
   LinkIdentity identity_;
@@ -248,7 +298,8 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   grpc::ByteBuffer in_flight_;
   bool writing_ = false;
   bool closing_ = false;
-  bool writes_done_sent_ = false;
+  bool writes_ended_ = false;  // the call is ending: no write may start
+  bool hold_taken_ = false;    // someone has removed, or is about to remove, the hold
   bool done_ = false;
 };
 
