@@ -73,7 +73,8 @@ clean:
 
 # C++ tests below the process level (tests/cpp/Makefile): GoogleTest suites of
 # the collective algorithms over an in-memory transport, the mailbox and the
-# frame and handshake decoders, and libFuzzer runs of the two decoders.
+# frame and handshake decoders, a peer link's stream ending under its writers
+# (against this process's own server), and libFuzzer runs of the two decoders.
 #   make cpp-test                g++ -O1
 #   make sanitize                g++ with AddressSanitizer and UndefinedBehaviorSanitizer
 #   make tsan                    g++ with ThreadSanitizer (about a minute; not part of make test)
