@@ -2,13 +2,18 @@
 // threads write from outside gRPC's reactions, so the call may finish between
 // a writer's check that the stream is open and its StartWrite; the stream's
 // hold is what keeps the call's state alive for that write. Without it this
-// test crashed or corrupted the heap within a few hundred rounds.
+// test crashed or corrupted the heap within a few hundred rounds. Each round
+// also checks that the server's reason for ending the call reaches the link's
+// owner, once, while the link is still open.
 
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
 #include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,6 +36,33 @@ TransportConfig loopback_config() {
   return config;
 }
 
+// What a link reports through its on_failure callback.
+class FailureReports {
+ public:
+  std::function<void(const std::string&)> callback() {
+    return [this](const std::string& reason) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      reasons_.push_back(reason);
+      cv_.notify_all();
+    };
+  }
+  // The reports once one has come, or none after `at_most`.
+  std::vector<std::string> wait_for_one(std::chrono::seconds at_most) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait_for(lock, at_most, [&] { return !reasons_.empty(); });
+    return reasons_;
+  }
+  std::vector<std::string> all() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return reasons_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<std::string> reasons_;
+};
+
 FrameHeader data_header(uint64_t seq) {
   FrameHeader header;
   header.seq = seq;
@@ -49,8 +81,9 @@ TEST(PeerLink, StreamEndsWhileOtherThreadsWrite) {
     const std::string key = "peer-link-test-" + std::to_string(round);
     std::unique_ptr<GroupTransport> server_side = create_group_transport(config, key, 1, 2);
     const Endpoint self = Endpoint::parse(server_side->local_endpoint());
+    FailureReports failures;
     auto link = std::make_unique<PeerLink>(dial_target(self, self, config.unix_sockets), LinkIdentity{key, 0, 1, 2},
-                                           config, [](const std::string&) {}, [](size_t, bool) {});
+                                           config, failures.callback(), [](size_t, bool) {});
 
     std::atomic<bool> started{false};
     std::thread writer([&] {
@@ -63,7 +96,12 @@ TEST(PeerLink, StreamEndsWhileOtherThreadsWrite) {
     // A payload over the group's bound: the server ends the call at once.
     link->send(data_header(0), ByteView{oversized.data(), oversized.size()}, nullptr);
     writer.join();
+    const std::vector<std::string> reported = failures.wait_for_one(std::chrono::seconds(30));
+    ASSERT_EQ(reported.size(), 1u) << "round " << round << ": the link did not report the end of its call";
+    EXPECT_NE(reported[0].find("sent an unreadable frame"), std::string::npos)
+        << "round " << round << ": the server's reason did not reach the link: " << reported[0];
     link.reset();  // closes the stream and waits for its end
+    ASSERT_EQ(failures.all().size(), 1u) << "round " << round << ": the link reported its end twice";
     server_side->shut_down();
   }
 }
