@@ -3,7 +3,8 @@ safe against a peer that offers or names what it should not.
 
 The attacks play rank 1 of a group from a grpcio client built from protos/: it opens the
 group's point-to-point stream to rank 0 (which rank 1's own process never opened), offers
-a ring, and sends frames that name slots in it. The file layout they write is the one
+a ring, and sends frames that name slots in it, on the stream or, after switching to the
+ring, in its record queue. The file layout they write is the one
 csrc/transport/shared_ring.cc defines and protos/torch_grpc_pg.proto describes.
 """
 
@@ -14,6 +15,7 @@ import mmap
 import os
 import struct
 import tempfile
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -124,6 +126,8 @@ RING_MAGIC = 0x31676E6972677074
 PAGE = 4096
 SLOTS = 8
 SLOT_BYTES = 2 << 20
+RECORDS, RECORD_BYTES = 16, 1024
+PUBLISHED_AT = 52  # the header's count of records appended
 OP_POINT_TO_POINT, FLOAT32 = 11, 1
 MESSAGE_NUMEL = 1000
 
@@ -132,8 +136,12 @@ def _round_up(n: int, to: int) -> int:
     return (n + to - 1) // to * to
 
 
+def _records_offset(slots: int) -> int:
+    return 64 + 64 * slots
+
+
 def _data_offset(slots: int) -> int:
-    return _round_up(64 + 64 * slots, PAGE)
+    return _round_up(_records_offset(slots) + RECORDS * RECORD_BYTES, PAGE)
 
 
 def _file_bytes(slots: int, slot_bytes: int) -> int:
@@ -174,6 +182,24 @@ class ForgedRing:
         self.map[start : start + len(payload)] = payload
         struct.pack_into("<Q", self.map, 64 * (index + 1) + 8, seq)
         struct.pack_into("<I", self.map, 64 * (index + 1), 1)
+
+    def append(self, count: int, record: bytes, claimed: int | None = None) -> None:
+        """Writes record number `count` (claiming `claimed` bytes), then publishes it."""
+        start = _records_offset(SLOTS) + (count % RECORDS) * RECORD_BYTES
+        length = len(record) if claimed is None else claimed
+        struct.pack_into("<I", self.map, start, length)
+        self.map[start + 4 : start + 4 + len(record)] = record
+        self.publish(count + 1)
+
+    def publish(self, published: int) -> None:
+        struct.pack_into("<I", self.map, PUBLISHED_AT, published)
+
+    def wait_attached(self) -> int:
+        for _ in range(1000):
+            if self.attached():
+                break
+            time.sleep(0.01)
+        return self.attached()
 
     def full(self, index: int) -> int:
         return int(struct.unpack_from("<I", self.map, 64 * (index + 1))[0])
@@ -242,17 +268,77 @@ def _valid_then_forged_slots(
     return seen
 
 
-ATTACKS: dict[str, tuple[bool, Callable[..., dict[str, Any]]]] = {
-    "offer-over-tcp": (False, _attack_tcp),
-    "offer-names-a-regular-file": (True, _attack_regular_file),
-    "slot-out-of-range": (True, _valid_then_forged_slots),
+def _switch() -> Any:
+    import wire_client as wc
+
+    return wc.pb.Frame(ring_switch=wc.pb.RingSwitch())
+
+
+def _switch_then(
+    forge: Callable[[Any, ForgedRing], None],
+) -> Callable[[Any, ForgedRing, Callable[[], None]], dict[str, Any]]:
+    """Switches to a genuine ring, sends message 1 through a record that names a slot,
+    then, once rank 0 has received it, does what `forge` does."""
+
+    def attack(
+        link: Any, ring: ForgedRing, wait_taken: Callable[[], None]
+    ) -> dict[str, Any]:
+        link.send_frame(ring.offer())
+        seen = {"attached": ring.wait_attached()}
+        link.send_frame(_switch())
+        payload = torch.arange(MESSAGE_NUMEL, dtype=torch.float32).numpy().tobytes()
+        ring.fill(0, 1, payload)
+        ring.append(0, _message(1, (0, 1, len(payload))).SerializeToString())
+        wait_taken()
+        seen["slot_given_back"] = ring.full(0) == 0
+        forge(link, ring)
+        seen["code"] = link.status()[0].name
+        return seen
+
+    return attack
+
+
+def _record_longer_than_a_record(_: Any, ring: ForgedRing) -> None:
+    ring.append(1, _message(2, None).SerializeToString(), claimed=RECORD_BYTES * 4)
+
+
+def _more_records_than_the_queue(_: Any, ring: ForgedRing) -> None:
+    ring.publish(1 + 3 * RECORDS)
+
+
+def _data_on_the_stream_after_the_switch(link: Any, _: ForgedRing) -> None:
+    payload = torch.zeros(MESSAGE_NUMEL).numpy().tobytes()
+    link.send_frame(_message(2, None, payload))
+
+
+def _switch_without_a_ring(
+    link: Any, ring: ForgedRing, _: Callable[[], None]
+) -> dict[str, Any]:
+    link.send_frame(_switch())
+    return {"attached": ring.attached(), "code": link.status()[0].name}
+
+
+# By case: whether rank 1 dials rank 0's unix socket, what it does, and how many
+# receives rank 0 makes (one that succeeds, then one that fails; or one that fails).
+ATTACKS: dict[str, tuple[bool, Callable[..., dict[str, Any]], int]] = {
+    "offer-over-tcp": (False, _attack_tcp, 1),
+    "offer-names-a-regular-file": (True, _attack_regular_file, 1),
+    "slot-out-of-range": (True, _valid_then_forged_slots, 2),
+    "record-longer-than-a-record": (True, _switch_then(_record_longer_than_a_record), 2),
+    "more-records-than-the-queue": (True, _switch_then(_more_records_than_the_queue), 2),
+    "data-on-the-stream-after-the-switch": (
+        True,
+        _switch_then(_data_on_the_stream_after_the_switch),
+        2,
+    ),
+    "switch-without-a-ring": (True, _switch_without_a_ring, 1),
 }
 
 
 def _ring_attack(ctx: RankContext, case: str) -> dict[str, Any]:
     import wire_client as wc
 
-    over_unix, attack = ATTACKS[case]
+    over_unix, attack, receives = ATTACKS[case]
     init_groups(ctx)
     group = dist.new_group(backend="grpc", timeout=timedelta(seconds=30))
     backend = _backend(group)
@@ -283,7 +369,7 @@ def _ring_attack(ctx: RankContext, case: str) -> dict[str, Any]:
         name = store.get("ring-name").decode()
         received = torch.zeros(MESSAGE_NUMEL)
         outcomes: list[str] = []
-        for _ in range(2 if case == "slot-out-of-range" else 1):
+        for _ in range(receives):
             try:
                 dist.recv(received, src=1, group=group)
                 outcomes.append("received")
@@ -330,5 +416,40 @@ def test_a_genuine_ring_is_used_and_a_slot_out_of_range_is_refused() -> None:
     # ...and a reference past its last slot fails the receive, naming the sender.
     refused = rank0["outcomes"][1]
     assert "rank 1" in refused and "slot 8 of a ring of 8" in refused, refused
+    assert attacker["code"] == "INVALID_ARGUMENT", attacker
+    assert all(r.value["default_group_exact"] for r in results)
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("record-longer-than-a-record", "claims 4096 bytes, more than the 1020"),
+        ("more-records-than-the-queue", "claims 48 unread records in a queue of 16"),
+        ("data-on-the-stream-after-the-switch", "after switching to its shared ring"),
+    ],
+)
+def test_records_are_used_and_a_forged_record_queue_is_refused(
+    case: str, expected: str
+) -> None:
+    results = run_ranks(_ring_attack, 2, case)
+    attacker, rank0 = results[1].value, results[0].value
+    # The positive control: a frame in a record, naming a slot, is delivered exactly...
+    assert attacker["attached"] == 1, attacker
+    assert rank0["outcomes"][0] == "received", rank0
+    assert rank0["data_exact"] and rank0["mapped_while_used"], rank0
+    assert attacker["slot_given_back"], attacker
+    # ...and the forged record fails the next receive, naming the sender, and ends its stream.
+    refused = rank0["outcomes"][1]
+    assert "rank 1" in refused and expected in refused, refused
+    assert attacker["code"] == "INVALID_ARGUMENT", attacker
+    assert not rank0["mapped_after"], rank0
+    assert all(r.value["default_group_exact"] for r in results)
+
+
+def test_a_switch_to_a_ring_never_offered_is_refused() -> None:
+    results = run_ranks(_ring_attack, 2, "switch-without-a-ring")
+    attacker, rank0 = results[1].value, results[0].value
+    (outcome,) = rank0["outcomes"]
+    assert "rank 1" in outcome and "did not map" in outcome, outcome
     assert attacker["code"] == "INVALID_ARGUMENT", attacker
     assert all(r.value["default_group_exact"] for r in results)

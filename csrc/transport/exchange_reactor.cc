@@ -79,9 +79,16 @@ void ExchangeReactor::OnReadDone(bool ok) {
     // Only an authenticated stream speaks for its rank: a stranger's closing
     // stream must not fail anybody's group.
     if (state_ == State::Open) {
-      group_->mailbox->close_source(src_, "rank " + std::to_string(src_) + " closed its connection to rank " +
-                                              std::to_string(group_->rank) +
-                                              " (it exited, crashed, or destroyed the process group)");
+      const std::string reason = "rank " + std::to_string(src_) + " closed its connection to rank " +
+                                 std::to_string(group_->rank) +
+                                 " (it exited, crashed, or destroyed the process group)";
+      if (ring_reader_) {
+        // The frames it appended to its ring before the end are still to be
+        // delivered; the reader closes the source and finishes the stream after.
+        ring_reader_->end(reason);
+        return;
+      }
+      group_->mailbox->close_source(src_, reason);
     }
     finish(grpc::Status::OK);
     return;
@@ -196,7 +203,17 @@ void ExchangeReactor::on_frame() {
     on_ring_offer(*message.ring_offer);
     return;
   }
+  if (message.ring_switch) {
+    on_ring_switch();
+    return;
+  }
   ReceivedFrame& frame = message.frame;
+  if (ring_reader_ && frame.header.kind != FrameKind::Abort) {
+    fail_stream("rank " + std::to_string(src_) +
+                " sent a data frame on its stream after switching to its shared ring, where it would overtake "
+                "the frames before it; are both ranks running the same torch-grpc-pg release?");
+    return;
+  }
   if (message.ring_slot) {
     try {
       if (!ring_) throw std::runtime_error("this rank mapped no shared ring of that rank");
@@ -251,9 +268,26 @@ void ExchangeReactor::on_ring_offer(const RingOffer& offer) {
   read_next();
 }
 
+void ExchangeReactor::on_ring_switch() {
+  if (!ring_ || ring_reader_) {
+    fail_stream("rank " + std::to_string(src_) + (ring_ ? " switched to its shared ring twice" :
+                " switched to a shared ring that this rank did not map") +
+                "; are both ranks running the same torch-grpc-pg release?");
+    return;
+  }
+  std::shared_ptr<Gate> gate = gate_;
+  ring_reader_ = std::make_unique<RingReader>(
+      ring_, group_->mailbox, src_, group_->max_payload_bytes,
+      RingReader::Events{[gate] { gate->finish_drained(); },
+                         [gate](const std::string& reason) { gate->refuse_from_ring(reason); }});
+  // The stream still carries aborts, and its end.
+  read_next();
+}
+
 void ExchangeReactor::OnCancel() {
   auto gate = gate_;
   std::lock_guard<std::recursive_mutex> lock(gate->mutex());
+  if (ring_reader_) ring_reader_->stop();
   if (state_ == State::Open) {
     group_->mailbox->close_source(src_, "the connection from rank " + std::to_string(src_) + " to rank " +
                                             std::to_string(group_->rank) + " broke (rank " +
@@ -264,6 +298,10 @@ void ExchangeReactor::OnCancel() {
 
 void ExchangeReactor::OnDone() {
   gate_->detach();
+  // No reaction runs after OnDone, and the detached gate turns the reader's
+  // events into nothing, so the reader is this thread's alone to stop and
+  // join, outside the gate's mutex, which its events take.
+  ring_reader_.reset();
   {
     std::lock_guard<std::recursive_mutex> lock(gate_->mutex());
     leave_handshake();
@@ -280,6 +318,16 @@ void ExchangeReactor::Gate::resume() {
 void ExchangeReactor::Gate::cancel() {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   if (reactor_ != nullptr) reactor_->ctx_->TryCancel();
+}
+
+void ExchangeReactor::Gate::finish_drained() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (reactor_ != nullptr) reactor_->finish(grpc::Status::OK);
+}
+
+void ExchangeReactor::Gate::refuse_from_ring(const std::string& reason) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (reactor_ != nullptr) reactor_->refuse(grpc::StatusCode::INVALID_ARGUMENT, reason);
 }
 
 void ExchangeReactor::Gate::detach() {

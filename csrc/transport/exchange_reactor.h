@@ -13,6 +13,7 @@
 #include "transport/auth.h"
 #include "transport/mailbox.h"
 #include "transport/rank_server.h"
+#include "transport/ring_reader.h"
 #include "transport/shared_ring.h"
 
 namespace tgpg {
@@ -21,7 +22,9 @@ namespace tgpg {
 // Proof, Welcome) before it believes anything the caller says, then binds the
 // stream to the (group, source rank) it authenticated as and hands its frames
 // to that group's mailbox, pausing while the mailbox's queue for that peer is
-// full. Nothing a caller sends before the Welcome reaches a group.
+// full. Nothing a caller sends before the Welcome reaches a group. Once the
+// caller switches to the shared ring it offered, a RingReader delivers its
+// data frames instead, and the stream carries only aborts and the end.
 class ExchangeReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   ExchangeReactor(grpc::CallbackServerContext* ctx, RankServer& server);
@@ -41,6 +44,9 @@ class ExchangeReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::B
     explicit Gate(ExchangeReactor* reactor) : reactor_(reactor) {}
     void resume() override;
     void cancel() override;
+    // From the ring reader's thread: it delivered everything, or refused a record.
+    void finish_drained();
+    void refuse_from_ring(const std::string& reason);
     void detach();
     std::recursive_mutex& mutex() { return mutex_; }
 
@@ -56,6 +62,7 @@ class ExchangeReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::B
   void on_proof();
   void on_frame();
   void on_ring_offer(const RingOffer& offer);
+  void on_ring_switch();
   // Fails the group (its peers hear why) and ends the stream.
   void fail_stream(const std::string& reason);
   void read_next();
@@ -83,6 +90,7 @@ class ExchangeReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::B
   bool observer_ = false;  // a monitoring tool: it reads the status and leaves
   bool ring_offered_ = false;
   std::shared_ptr<ReceiveRing> ring_;  // the caller's shared ring, once mapped
+  std::unique_ptr<RingReader> ring_reader_;  // once the caller switched to the ring
 };
 
 }  // namespace tgpg

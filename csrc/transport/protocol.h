@@ -3,7 +3,7 @@
 namespace tgpg {
 
 // PROTOCOL_VERSION_CURRENT of protos/torch_grpc_pg.proto (wire_format.cc checks).
-constexpr unsigned kProtocolVersion = 5;
+constexpr unsigned kProtocolVersion = 6;
 
 constexpr const char* kExchangeMethod = "/torch_grpc_pg.ProcessGroupService/Exchange";
 

@@ -7,9 +7,10 @@
 namespace tgpg {
 namespace {
 
-// How long one wait for a slot sleeps at most. A release or an interrupt ends
-// it sooner; the bound is only how late a stream that ended on its own is noticed.
-constexpr std::chrono::milliseconds kSlotWaitSlice{50};
+// How long one wait for a slot or record sleeps at most. A release or an
+// interrupt ends it sooner; the bound is only how late a stream that ended on
+// its own is noticed.
+constexpr std::chrono::milliseconds kReleaseWaitSlice{50};
 
 void release_payload(std::function<void()>& release) {
   if (release) std::exchange(release, nullptr)();
@@ -23,8 +24,16 @@ RingWriter::RingWriter(std::unique_ptr<SendRing> ring, FrameStream& stream, Sent
 // A deadline already past: whatever is still queued is dropped at once.
 RingWriter::~RingWriter() { wait_closed(Clock::now()); }
 
-bool RingWriter::belongs_in_ring(ByteView payload) const {
-  return payload.size >= kMinRingPayloadBytes && ring_->attached();
+bool RingWriter::needs_slot(ByteView payload) const {
+  // The mapping only ever goes from absent to present, so a frame judged
+  // before it is sent the old way, which is still allowed before the switch.
+  return payload.size > kMaxRecordBytes && ring_->attached();
+}
+
+bool RingWriter::giving_up() {
+  if (stream_.ended()) return true;
+  std::lock_guard<std::mutex> lock(mutex_);
+  return give_up_;
 }
 
 bool RingWriter::send(const FrameHeader& header, ByteView payload, std::function<void()> release) {
@@ -40,50 +49,81 @@ bool RingWriter::send(const FrameHeader& header, ByteView payload, std::function
     dropped.swap(queue_);
     ring_->interrupt();
   }
-  if (busy_ || !queue_.empty() || belongs_in_ring(payload)) {
-    queue_.push_back(Pending{header, payload, std::move(release)});
+  Pending item{header, payload, std::move(release)};
+  bool queued = busy_ || !queue_.empty() || needs_slot(payload);
+  Outcome outcome = Outcome::WouldWait;
+  if (!queued) {
+    busy_ = true;
     lock.unlock();
-    cv_.notify_all();
-    for (auto& item : dropped) release_payload(item.release);
-    return true;
+    for (auto& d : dropped) release_payload(d.release);
+    dropped.clear();
+    outcome = transmit(item, /*may_wait=*/false);
+    lock.lock();
+    busy_ = false;
+    // Nothing was queued behind it while busy_ was set by this thread; put it
+    // first for the writer's thread to wait on.
+    queued = outcome == Outcome::WouldWait;
+    if (queued) queue_.push_front(std::move(item));
+  } else {
+    queue_.push_back(std::move(item));
   }
-  // Nothing before it and no slot to wait for: written now, with no hand-off,
-  // so small messages keep their latency.
-  busy_ = true;
-  lock.unlock();
-  for (auto& item : dropped) release_payload(item.release);
-  count_sent_(payload.size, /*through_ring=*/false);
-  const bool written = stream_.write(encode_frame(header, payload, std::move(release)));
-  lock.lock();
-  busy_ = false;
-  broken_ = broken_ || !written;
+  broken_ = broken_ || outcome == Outcome::Broken;
   lock.unlock();
   cv_.notify_all();
-  return written;
+  for (auto& d : dropped) release_payload(d.release);
+  return queued || outcome != Outcome::Broken;
 }
 
-std::optional<grpc::ByteBuffer> RingWriter::make_frame(Pending& item) {
-  if (belongs_in_ring(item.payload)) {
-    for (;;) {
-      if (std::optional<RingSlot> slot = ring_->put(item.payload)) {
-        release_payload(item.release);
-        count_sent_(item.payload.size, /*through_ring=*/true);
-        return encode_ring_frame(item.header, *slot);
-      }
-      bool stop = stream_.ended();
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        stop = stop || give_up_;
-      }
-      if (stop) {
-        release_payload(item.release);
-        return std::nullopt;
-      }
-      ring_->wait_for_free_slot(kSlotWaitSlice);
+RingWriter::Outcome RingWriter::post_record(const std::string& record, bool may_wait) {
+  for (;;) {
+    const uint32_t seen = ring_->releases();
+    if (ring_->post(record)) return Outcome::Sent;
+    if (!may_wait) return Outcome::WouldWait;
+    if (giving_up()) return Outcome::Dropped;
+    ring_->wait_for_release(seen, kReleaseWaitSlice);
+  }
+}
+
+RingWriter::Outcome RingWriter::transmit(Pending& item, bool may_wait) {
+  if (item.header.kind == FrameKind::Abort || (!switched_ && !ring_->attached())) {
+    count_sent_(item.payload.size, /*through_ring=*/false);
+    return stream_.write(encode_frame(item.header, item.payload, std::move(item.release))) ? Outcome::Sent
+                                                                                           : Outcome::Broken;
+  }
+  if (!switched_) {
+    // The receiver reads records only after this, so none overtakes a frame
+    // written on the stream before it.
+    if (!stream_.write(encode_ring_switch())) {
+      release_payload(item.release);
+      return Outcome::Broken;
+    }
+    switched_ = true;
+  }
+  if (item.payload.size <= kMaxRecordBytes) {
+    const std::string record = encode_frame_record(item.header, item.payload);
+    if (record.size() <= kMaxRecordBytes) {
+      const Outcome outcome = post_record(record, may_wait);
+      if (outcome == Outcome::WouldWait) return outcome;
+      release_payload(item.release);
+      if (outcome == Outcome::Sent) count_sent_(item.payload.size, /*through_ring=*/true);
+      return outcome;
     }
   }
-  count_sent_(item.payload.size, /*through_ring=*/false);
-  return encode_frame(item.header, item.payload, std::move(item.release));
+  if (!may_wait) return Outcome::WouldWait;
+  for (;;) {
+    const uint32_t seen = ring_->releases();
+    if (std::optional<RingSlot> slot = ring_->put(item.payload)) {
+      release_payload(item.release);
+      const Outcome outcome = post_record(encode_ring_frame(item.header, *slot), /*may_wait=*/true);
+      if (outcome == Outcome::Sent) count_sent_(item.payload.size, /*through_ring=*/true);
+      return outcome;
+    }
+    if (giving_up()) {
+      release_payload(item.release);
+      return Outcome::Dropped;
+    }
+    ring_->wait_for_release(seen, kReleaseWaitSlice);
+  }
 }
 
 void RingWriter::run() {
@@ -95,12 +135,11 @@ void RingWriter::run() {
     queue_.pop_front();
     busy_ = true;
     lock.unlock();
-    std::optional<grpc::ByteBuffer> frame = make_frame(item);
-    const bool written = !frame || stream_.write(std::move(*frame));
+    const Outcome outcome = transmit(item, /*may_wait=*/true);
     std::deque<Pending> dropped;
     lock.lock();
     busy_ = false;
-    if (!written) {
+    if (outcome == Outcome::Broken) {
       // The stream ended: nothing queued can reach the peer.
       broken_ = true;
       dropped.swap(queue_);

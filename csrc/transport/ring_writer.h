@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 
 #include "algorithms/frame.h"
@@ -27,13 +28,16 @@ class FrameStream {
   virtual void begin_close() = 0;
 };
 
-// Sends one same-host link's frames once the link has a shared ring. Large
-// payloads are copied into the ring on this writer's own thread, which waits
-// for the receiver to give a slot back when it holds them all, so payloads
-// never pile up in gRPC's buffers and the collective's thread never copies
-// into the ring. Every frame of the link passes through here, so frames keep
-// the order they were sent in; one that finds nothing queued before it and
-// needs no slot is written at once, on the caller's thread.
+// Sends one same-host link's frames once the link has a shared ring. Until the
+// receiver maps the ring, frames go on the stream as before; once it has, the
+// writer says so on the stream and appends every later data frame to the
+// ring's records, copying a payload too large for a record into a slot first.
+// Those copies run on the writer's own thread, which waits for the receiver to
+// give a slot or record back when it holds them all, so the collective's
+// thread never waits for its peer to send. Every frame of the link passes
+// through here, so frames keep the order they were sent in; one that finds
+// nothing queued before it and fits a free record (or goes on the stream) is
+// sent at once, on the caller's thread, so that small messages keep their latency.
 class RingWriter {
  public:
   using Clock = std::chrono::steady_clock;
@@ -48,9 +52,9 @@ class RingWriter {
 
   // Queues a frame. `release` runs once the payload needs to stay unchanged
   // no longer: copied into the ring, written by gRPC, or dropped. False once
-  // closing or after the stream ended. An abort frame overtakes the data
-  // queued before it, which is dropped: a failed group needs none of it, and a
-  // receiver that holds every slot must still hear why.
+  // closing or after the stream ended. An abort frame goes on the stream and
+  // overtakes the data queued before it, which is dropped: a failed group
+  // needs none of it, and a receiver that holds every slot must still hear why.
   bool send(const FrameHeader& header, ByteView payload, std::function<void()> release);
 
   // No more frames are taken; the thread writes what is queued, then begins
@@ -67,13 +71,25 @@ class RingWriter {
     std::function<void()> release;
   };
 
+  enum class Outcome {
+    Sent,       // on the stream or in the ring; the payload is released
+    WouldWait,  // only without may_wait: nothing was done, the item is intact
+    Dropped,    // given up (abort, close past its deadline, stream ended); released
+    Broken,     // a write to the stream failed; released
+  };
+
   void run();
-  // Whether `payload` goes through the ring rather than inline.
-  bool belongs_in_ring(ByteView payload) const;
-  // The frame that carries `item`: its payload copied into a slot (waiting
-  // for one) or inline. Nothing when the wait was given up (abort, close
-  // past its deadline, broken stream); the payload is released either way.
-  std::optional<grpc::ByteBuffer> make_frame(Pending& item);
+  // Whether `payload` is for the writer's thread: once the ring is mapped, a
+  // payload too large for a record waits for a slot.
+  bool needs_slot(ByteView payload) const;
+  // Sends `item` as the link sends now. Waits for a slot or record only if
+  // `may_wait`. Called only by the thread that set busy_.
+  Outcome transmit(Pending& item, bool may_wait);
+  // Appends `record`, waiting for a free one if `may_wait`.
+  Outcome post_record(const std::string& record, bool may_wait);
+  // Whether a wait for a slot or record should end: an abort, a close past its
+  // deadline, or the stream's end.
+  bool giving_up();
 
   std::unique_ptr<SendRing> ring_;
   FrameStream& stream_;
@@ -87,6 +103,7 @@ class RingWriter {
   bool give_up_ = false;    // an abort, or a close past its deadline: no more waiting for slots
   bool broken_ = false;     // a write failed: the stream has ended
   bool finished_ = false;   // the thread has begun closing the stream and is gone
+  bool switched_ = false;   // the stream carried the switch: data frames go to the ring's records (busy_ only)
   std::thread thread_;
 };
 

@@ -32,10 +32,14 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t
 struct RingHeader {
   uint64_t magic;
   char token[kTokenBytes];
-  std::atomic<uint32_t> attached;        // set by the receiver once it has mapped the file
-  std::atomic<uint32_t> released;        // counts slots given back; the futex the sender waits on
-  std::atomic<uint32_t> sender_waiting;  // 1 while the sender waits: only then does a release wake it
+  std::atomic<uint32_t> attached;          // set by the receiver once it has mapped the file
+  std::atomic<uint32_t> released;          // counts slots and records given back; the futex the sender waits on
+  std::atomic<uint32_t> sender_waiting;    // 1 while the sender waits: only then does a release wake it
+  std::atomic<uint32_t> published;         // counts records appended; the futex the receiver waits on
+  std::atomic<uint32_t> consumed;          // counts records read, for the sender to see which are free
+  std::atomic<uint32_t> receiver_waiting;  // 1 while the receiver waits: only then does an append wake it
 };
+static_assert(sizeof(RingHeader) == 64, "protos/torch_grpc_pg.proto describes a header of 64 bytes");
 
 // One per slot, after the header; a cache line each, so that the two processes
 // do not write to one line for different slots.
@@ -44,9 +48,17 @@ struct alignas(64) SlotState {
   std::atomic<uint64_t> seq;   // the put that filled it, stored before `full`
 };
 
+// One frame, encoded, in the record queue after the slot states.
+struct Record {
+  uint32_t bytes;
+  char data[kMaxRecordBytes];
+};
+static_assert(sizeof(Record) == kRecordBytes, "a record is kRecordBytes, as the protocol says");
+
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 size_t states_offset() { return round_up(sizeof(RingHeader), alignof(SlotState)); }
-size_t data_offset(uint32_t slots) { return round_up(states_offset() + slots * sizeof(SlotState), kPageBytes); }
+size_t records_offset(uint32_t slots) { return states_offset() + slots * sizeof(SlotState); }
+size_t data_offset(uint32_t slots) { return round_up(records_offset(slots) + kRingRecords * kRecordBytes, kPageBytes); }
 size_t slot_stride(uint64_t slot_bytes) { return round_up(slot_bytes, kPageBytes); }
 
 std::string system_error(const std::string& what) { return what + ": " + std::strerror(errno); }
@@ -103,6 +115,7 @@ struct RingMapping {
   }
   RingHeader& header() { return *reinterpret_cast<RingHeader*>(base); }
   SlotState& state(uint32_t index) { return reinterpret_cast<SlotState*>(base + states_offset())[index]; }
+  Record& record(uint32_t count) { return reinterpret_cast<Record*>(base + records_offset(slots))[count % kRingRecords]; }
   std::byte* slot(uint32_t index) { return base + data_offset(slots) + index * slot_stride(slot_bytes); }
 };
 
@@ -166,18 +179,34 @@ std::optional<RingSlot> SendRing::put(ByteView payload) {
   return std::nullopt;
 }
 
-void SendRing::wait_for_free_slot(std::chrono::milliseconds at_most) {
+bool SendRing::post(const std::string& record) {
   RingMapping& m = *mapping_;
+  if (record.size() > kMaxRecordBytes || !attached()) return false;
   RingHeader& header = m.header();
-  // Read the count before looking at the slots: a release after the look
-  // moves the count on, and the futex then returns at once instead of sleeping.
-  const uint32_t seen = header.released.load(std::memory_order_seq_cst);
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Acquire: the receiver has copied a record out before it counts it read.
+  if (posted_ - header.consumed.load(std::memory_order_acquire) >= kRingRecords) return false;
+  Record& slot = m.record(posted_);
+  slot.bytes = static_cast<uint32_t>(record.size());
+  std::memcpy(slot.data, record.data(), record.size());
+  ++posted_;
+  // seq_cst on both sides: either the receiver sees this record before it
+  // sleeps, or this sees it waiting and wakes it.
+  header.published.store(posted_, std::memory_order_seq_cst);
+  if (header.receiver_waiting.load(std::memory_order_seq_cst) != 0) futex_wake_all(header.published);
+  return true;
+}
+
+uint32_t SendRing::releases() const { return mapping_->header().released.load(std::memory_order_seq_cst); }
+
+void SendRing::wait_for_release(uint32_t seen, std::chrono::milliseconds at_most) {
+  RingHeader& header = mapping_->header();
   header.sender_waiting.store(1, std::memory_order_seq_cst);
-  bool any_free = false;
-  for (uint32_t i = 0; i < m.slots && !any_free; ++i) {
-    any_free = m.state(i).full.load(std::memory_order_seq_cst) == 0;
+  // A release after `seen` was read moved the count on: the futex then
+  // returns at once instead of sleeping.
+  if (header.released.load(std::memory_order_seq_cst) == seen && !interrupted_.load()) {
+    futex_wait(header.released, seen, at_most);
   }
-  if (!any_free && !interrupted_.load()) futex_wait(header.released, seen, at_most);
   header.sender_waiting.store(0, std::memory_order_relaxed);
 }
 
@@ -278,16 +307,54 @@ std::pair<ByteView, std::shared_ptr<const void>> ReceiveRing::take(const RingSlo
 }
 
 void ReceiveRing::release(uint32_t index) {
-  RingHeader& header = mapping_->header();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     held_[index] = false;
     mapping_->state(index).full.store(0, std::memory_order_seq_cst);
   }
-  // seq_cst on both sides: either the sender saw this slot free before it
+  announce_release();
+}
+
+void ReceiveRing::announce_release() {
+  RingHeader& header = mapping_->header();
+  // seq_cst on both sides: either the sender saw the release before it
   // slept, or this sees it waiting and wakes it.
   header.released.fetch_add(1, std::memory_order_seq_cst);
   if (header.sender_waiting.load(std::memory_order_seq_cst) != 0) futex_wake_all(header.released);
 }
+
+std::optional<std::string> ReceiveRing::take_record() {
+  RingMapping& m = *mapping_;
+  RingHeader& header = m.header();
+  // The file's counts are the sender's word only; this side keeps its own.
+  const uint32_t published = header.published.load(std::memory_order_acquire);
+  const uint32_t waiting = published - taken_records_;
+  if (waiting == 0) return std::nullopt;
+  if (waiting > kRingRecords) {
+    throw std::runtime_error("it claims " + std::to_string(waiting) + " unread records in a queue of " +
+                             std::to_string(kRingRecords));
+  }
+  Record copy;
+  std::memcpy(&copy, &m.record(taken_records_), sizeof(copy));
+  if (copy.bytes > kMaxRecordBytes) {
+    throw std::runtime_error("record " + std::to_string(taken_records_) + " claims " + std::to_string(copy.bytes) +
+                             " bytes, more than the " + std::to_string(kMaxRecordBytes) + " a record holds");
+  }
+  ++taken_records_;
+  header.consumed.store(taken_records_, std::memory_order_release);
+  announce_release();
+  return std::string(copy.data, copy.bytes);
+}
+
+void ReceiveRing::wait_for_record(std::chrono::milliseconds at_most) {
+  RingHeader& header = mapping_->header();
+  header.receiver_waiting.store(1, std::memory_order_seq_cst);
+  if (header.published.load(std::memory_order_seq_cst) == taken_records_) {
+    futex_wait(header.published, taken_records_, at_most);
+  }
+  header.receiver_waiting.store(0, std::memory_order_relaxed);
+}
+
+void ReceiveRing::wake_reader() { futex_wake_all(mapping_->header().published); }
 
 }  // namespace tgpg

@@ -19,16 +19,21 @@ namespace tgpg {
 // the tensor. Gloo's receiver reads straight into the tensor, so it copies
 // twice. A shared ring brings grpc to two as well, neither in the kernel: the
 // sender copies the chunk into a slot of a memory file that both processes
-// map, and the receiver reduces or copies from that slot into place. The
-// frame's header still travels on the link's gRPC stream, so frames keep their
-// order, a dead peer still breaks the stream, and every header is checked as
-// before; only the payload moves aside.
+// map, and the receiver reduces or copies from that slot into place.
 //
-// When the receiver holds every slot (a ring schedule sends a whole segment
-// before it receives), the link's RingWriter waits on its own thread for one
-// to come back, as HTTP/2 flow control would make a socket wait, so that no
-// payload ever lands in gRPC's buffers. Until the receiver has mapped the
-// ring, or when it declined it, payloads go inline on the stream.
+// Once the receiver has mapped the ring, the frames' headers move into the file
+// too, as records in a queue: each record holds one encoded frame, whose small
+// payload lies in the record itself and whose large one lies in a slot. gRPC's
+// threads then take no part in a chunk's journey; a futex in the file wakes
+// whichever side waits. The link's gRPC stream stays open: it carries the
+// switch to the ring (so that no record overtakes a frame sent on the stream
+// before it), aborts, and the end of the link, and it still breaks when the
+// peer dies. Every record is decoded and checked as a frame from the stream is.
+//
+// When the receiver holds every slot or record (a ring schedule sends a whole
+// segment before it receives), the link's RingWriter waits on its own thread
+// for one to come back, as HTTP/2 flow control would make a socket wait. Until
+// the receiver has mapped the ring, or when it declined it, frames go on the stream.
 
 // What the sender announces on its stream so that the receiver can map the ring.
 struct RingOffer {
@@ -51,6 +56,14 @@ struct RingMapping;
 
 // The most slots a receiver maps for one stream.
 constexpr uint32_t kMaxRingSlots = 64;
+
+// The record queue's shape, fixed by the protocol. A record holds a frame of up
+// to kMaxRecordBytes once encoded: any header, with a payload of a few hundred
+// bytes inline. Sixteen let a sender run that far ahead of a receiver that
+// sleeps; a record is given back as soon as it is read, before the frame is used.
+constexpr uint32_t kRingRecords = 16;
+constexpr size_t kRecordBytes = 1024;
+constexpr size_t kMaxRecordBytes = kRecordBytes - sizeof(uint32_t);
 
 // The slots a sender offers (fewer when max_queued_frames is lower). Two
 // already let the receiver reduce one chunk while the sender copies the next;
@@ -87,13 +100,23 @@ class SendRing {
   // mapped the ring yet, holds every slot, or the payload exceeds a slot.
   std::optional<RingSlot> put(ByteView payload);
 
-  // Blocks until the receiver gives a slot back, interrupt() is called, or
-  // `at_most` passes; returns at once when a slot is free already. The
-  // receiver wakes the sender through a futex in the file only while the
-  // sender says it waits, so a ring that keeps up costs no system call.
-  void wait_for_free_slot(std::chrono::milliseconds at_most);
+  // Appends one encoded frame (at most kMaxRecordBytes) to the record queue
+  // and wakes the receiver if it sleeps. False when the receiver has not
+  // mapped the ring, or has not yet read the records before it.
+  bool post(const std::string& record);
 
-  // Ends the current and every later wait_for_free_slot() at once.
+  // How many slots and records the receiver has given back so far. Read it
+  // before a put() or post() that may fail, and wait_for_release() with it
+  // after: a release in between then ends the wait at once.
+  uint32_t releases() const;
+
+  // Blocks until the count of releases moves past `seen`, interrupt() is
+  // called, or `at_most` passes. The receiver wakes the sender through a
+  // futex in the file only while the sender says it waits, so a ring that
+  // keeps up costs no system call.
+  void wait_for_release(uint32_t seen, std::chrono::milliseconds at_most);
+
+  // Ends the current and every later wait_for_release() at once.
   void interrupt();
 
  private:
@@ -102,6 +125,7 @@ class SendRing {
   std::mutex mutex_;
   uint32_t next_ = 0;
   uint64_t seq_ = 0;
+  uint32_t posted_ = 0;  // records appended so far
   std::atomic<bool> interrupted_{false};
 };
 
@@ -128,14 +152,32 @@ class ReceiveRing : public std::enable_shared_from_this<ReceiveRing> {
   // not filled, filled by another put, or a size over the slot's.
   std::pair<ByteView, std::shared_ptr<const void>> take(const RingSlot& slot);
 
+  // The next record, copied out of the file (so that the sender cannot change
+  // it while it is checked) and given back at once; nothing when the sender
+  // has appended none since. Throws std::runtime_error when the sender claims
+  // more records than the queue holds, or a record longer than one. One
+  // thread reads the records.
+  std::optional<std::string> take_record();
+
+  // Blocks until the sender appends a record, wake_reader() is called, or
+  // `at_most` passes; returns at once when one is waiting.
+  void wait_for_record(std::chrono::milliseconds at_most);
+
+  // Ends the reader's current wait (one not yet begun ends at its `at_most`).
+  void wake_reader();
+
  private:
   // Held by a frame's owner; gives its slot back when the frame is dropped.
   class Lease;
   void release(uint32_t index);
 
+  // Tells the sender that a slot or record came back, waking it if it waits.
+  void announce_release();
+
   std::unique_ptr<RingMapping> mapping_;
   std::mutex mutex_;
   std::vector<bool> held_;
+  uint32_t taken_records_ = 0;  // this side's own count; the one in the file is for the sender
 };
 
 }  // namespace tgpg

@@ -20,6 +20,7 @@ static_assert(kProtocolVersion == torch_grpc_pg::PROTOCOL_VERSION_CURRENT,
 constexpr uint8_t kHeaderTag = (1 << 3) | 2;
 constexpr uint8_t kPayloadTag = (2 << 3) | 2;
 constexpr uint8_t kRingOfferTag = (8 << 3) | 2;
+constexpr uint8_t kRingSwitchTag = (9 << 3) | 2;
 
 void append_varint(std::string& out, uint64_t value) {
   while (value >= 0x80) {
@@ -174,13 +175,25 @@ grpc::ByteBuffer encode_frame(const FrameHeader& header, ByteView payload,
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
-grpc::ByteBuffer encode_ring_frame(const FrameHeader& header, const RingSlot& slot) {
+std::string encode_frame_record(const FrameHeader& header, ByteView payload) {
+  std::string record = frame_prefix(to_proto(header), payload.size);
+  if (payload.size > 0) record.append(reinterpret_cast<const char*>(payload.data), payload.size);
+  return record;
+}
+
+std::string encode_ring_frame(const FrameHeader& header, const RingSlot& slot) {
   torch_grpc_pg::FrameHeader proto = to_proto(header);
   auto* ring_slot = proto.mutable_ring_slot();
   ring_slot->set_index(slot.index);
   ring_slot->set_seq(slot.seq);
   ring_slot->set_bytes(slot.bytes);
-  grpc::Slice only(frame_prefix(proto, 0));
+  return frame_prefix(proto, 0);
+}
+
+grpc::ByteBuffer encode_ring_switch() {
+  torch_grpc_pg::Frame frame;
+  frame.mutable_ring_switch();
+  grpc::Slice only(frame.SerializeAsString());
   return grpc::ByteBuffer(&only, 1);
 }
 
@@ -201,7 +214,7 @@ DecodedMessage decode_message(grpc::ByteBuffer&& buffer, size_t max_payload_byte
   if (!buffer.Dump(slices.get()).ok()) throw std::runtime_error("unreadable frame");
   SliceReader reader(*slices);
   const uint8_t first_tag = reader.byte();
-  if (first_tag != kHeaderTag && first_tag != kRingOfferTag) {
+  if (first_tag != kHeaderTag && first_tag != kRingOfferTag && first_tag != kRingSwitchTag) {
     throw std::runtime_error("frame does not start with a header");
   }
   const uint64_t header_size = reader.varint();
@@ -211,6 +224,11 @@ DecodedMessage decode_message(grpc::ByteBuffer&& buffer, size_t max_payload_byte
   }
   const std::string header_bytes = reader.bytes(header_size);
   DecodedMessage message;
+  if (first_tag == kRingSwitchTag) {
+    if (header_size != 0 || !reader.at_end()) throw std::runtime_error("a ring switch carries something");
+    message.ring_switch = true;
+    return message;
+  }
   if (first_tag == kRingOfferTag) {
     torch_grpc_pg::RingOffer proto;
     if (!proto.ParseFromString(header_bytes)) throw std::runtime_error("malformed ring offer");
@@ -249,9 +267,16 @@ DecodedMessage decode_message(grpc::ByteBuffer&& buffer, size_t max_payload_byte
   return message;
 }
 
+DecodedMessage decode_record(const std::string& record, size_t max_payload_bytes) {
+  grpc::Slice only(record);
+  return decode_message(grpc::ByteBuffer(&only, 1), max_payload_bytes);
+}
+
 ReceivedFrame decode_frame(grpc::ByteBuffer&& buffer, size_t max_payload_bytes) {
   DecodedMessage message = decode_message(std::move(buffer), max_payload_bytes);
-  if (message.ring_offer || message.ring_slot) throw std::runtime_error("a shared-ring message where a frame was expected");
+  if (message.ring_offer || message.ring_slot || message.ring_switch) {
+    throw std::runtime_error("a shared-ring message where a frame was expected");
+  }
   return std::move(message.frame);
 }
 

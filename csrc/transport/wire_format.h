@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <functional>
 #include <optional>
+#include <string>
 
 #include "algorithms/frame.h"
 #include "transport/shared_ring.h"
@@ -24,18 +25,27 @@ constexpr size_t kMaxAbortTextBytes = 4 << 10;
 grpc::ByteBuffer encode_frame(const FrameHeader& header, ByteView payload,
                               std::function<void()> release);
 
-// A data frame whose payload lies in slot `slot` of the sender's shared ring.
-grpc::ByteBuffer encode_ring_frame(const FrameHeader& header, const RingSlot& slot);
+// The same Frame as encode_frame, as bytes, for a record of the shared ring.
+std::string encode_frame_record(const FrameHeader& header, ByteView payload);
+
+// A data frame whose payload lies in slot `slot` of the sender's shared ring,
+// for a record of that ring.
+std::string encode_ring_frame(const FrameHeader& header, const RingSlot& slot);
 
 // A Frame holding only the sender's ring offer.
 grpc::ByteBuffer encode_ring_offer(const RingOffer& offer);
 
+// A Frame holding only the switch: the sender's later frames are in its ring's records.
+grpc::ByteBuffer encode_ring_switch();
+
 // What an open Exchange stream may carry: a frame (whose payload may lie in
-// the sender's ring instead of in the message) or the sender's ring offer.
+// the sender's ring instead of in the message), the sender's ring offer, or
+// its switch to the ring's records.
 struct DecodedMessage {
-  ReceivedFrame frame;                  // unless this is a ring offer
+  ReceivedFrame frame;                  // unless this is a ring offer or switch
   std::optional<RingSlot> ring_slot;    // the frame's payload is there, not in `frame`
   std::optional<RingOffer> ring_offer;  // the message is this, and nothing else
+  bool ring_switch = false;             // the message is this, and nothing else
 };
 
 // Parses a received message without copying the payload: the returned views
@@ -44,6 +54,9 @@ struct DecodedMessage {
 // at most `max_payload_bytes` of payload (inline or in a ring slot), or a ring
 // offer.
 DecodedMessage decode_message(grpc::ByteBuffer&& buffer, size_t max_payload_bytes);
+
+// decode_message for a record taken from a shared ring.
+DecodedMessage decode_record(const std::string& record, size_t max_payload_bytes);
 
 // decode_message for callers that take only frames with their payload inline.
 ReceivedFrame decode_frame(grpc::ByteBuffer&& buffer, size_t max_payload_bytes);

@@ -1,7 +1,8 @@
-// RingWriter: a link's frames keep their order whether their payload goes
-// through the shared ring or inline; a payload waits for a slot rather than
-// going inline when the receiver holds every slot; an abort overtakes queued
-// data; closing drains what is queued, and gives up at its deadline.
+// RingWriter with RingReader: a link's frames keep their order whether they go
+// on the stream, in a record, or in a record naming a slot; the switch to the
+// records comes first; a payload waits for a slot rather than going on the
+// stream when the receiver holds every slot; an abort overtakes queued data on
+// the stream; closing drains what is queued, and gives up at its deadline.
 
 #include <gtest/gtest.h>
 
@@ -12,6 +13,9 @@
 #include <thread>
 #include <vector>
 
+#include "algorithms/collective_error.h"
+#include "transport/mailbox.h"
+#include "transport/ring_reader.h"
 #include "transport/ring_writer.h"
 #include "transport/wire_format.h"
 
@@ -38,8 +42,9 @@ tgpg::FrameHeader data_header(uint64_t offset) {
   return header;
 }
 
-// What the peer's reactor would see: every message decoded, ring payloads
-// taken from the mapped ring (and held until the test lets them go).
+// What the peer's reactor would see: every message on the stream decoded and,
+// after the switch, the records read by a RingReader into a mailbox, their
+// slot payloads held until the test lets them go.
 class RecordingStream : public tgpg::FrameStream {
  public:
   struct Received {
@@ -49,22 +54,29 @@ class RecordingStream : public tgpg::FrameStream {
     std::shared_ptr<const void> lease;
   };
 
+  ~RecordingStream() override {
+    stop_ = true;
+    if (collector_.joinable()) collector_.join();
+    reader_.reset();
+  }
+
   void map(tgpg::SendRing& ring) { receiver_ = tgpg::ReceiveRing::attach(ring.offer(), kSlotBytes); }
 
   bool write(grpc::ByteBuffer frame) override {
     tgpg::DecodedMessage message = tgpg::decode_message(std::move(frame), kSlotBytes);
-    Received got{message.frame.header, {}, message.ring_slot.has_value(), nullptr};
-    if (message.ring_slot) {
-      auto [payload, lease] = receiver_->take(*message.ring_slot);
-      got.payload.assign(payload.data, payload.data + payload.size);
-      if (hold_) got.lease = std::move(lease);
-    } else {
-      got.payload.resize(message.frame.payload_bytes());
-      message.frame.copy_payload_to(got.payload.data());
+    if (message.ring_switch) {
+      EXPECT_FALSE(reader_) << "a second switch";
+      EXPECT_EQ(count(), switched_at_) << "frames written before the switch were counted";
+      start_reading();
+      return !ended_;
     }
-    std::lock_guard<std::mutex> lock(mutex_);
-    received_.push_back(std::move(got));
-    cv_.notify_all();
+    EXPECT_TRUE(!reader_ || message.frame.header.kind == tgpg::FrameKind::Abort)
+        << "a data frame on the stream after the switch";
+    EXPECT_FALSE(message.ring_slot) << "a slot named on the stream";
+    Received got{message.frame.header, {}, false, nullptr};
+    got.payload.resize(message.frame.payload_bytes());
+    message.frame.copy_payload_to(got.payload.data());
+    record(std::move(got));
     return !ended_;
   }
   bool ended() const override { return ended_; }
@@ -90,21 +102,55 @@ class RecordingStream : public tgpg::FrameStream {
     return received_;
   }
   bool closed() const { return closed_; }
+  bool switched() const { return reader_ != nullptr; }
 
  private:
+  void record(Received got) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    received_.push_back(std::move(got));
+    switched_at_ = reader_ ? switched_at_ : received_.size();
+    cv_.notify_all();
+  }
+
+  void start_reading() {
+    reader_ = std::make_unique<tgpg::RingReader>(receiver_, mailbox_, /*src=*/0, kSlotBytes,
+                                                 tgpg::RingReader::Events{});
+    collector_ = std::thread([this] {
+      while (!stop_) {
+        try {
+          tgpg::ReceivedFrame frame = mailbox_->take(0, Clock::now() + milliseconds(50));
+          Received got{frame.header, {}, /*through_ring=*/true, nullptr};
+          got.payload.resize(frame.payload_bytes());
+          frame.copy_payload_to(got.payload.data());
+          if (hold_) got.lease = std::move(frame.owner);
+          record(std::move(got));
+        } catch (const tgpg::PeerTimeout&) {
+        } catch (const tgpg::CollectiveError&) {
+          return;
+        }
+      }
+    });
+  }
+
   std::shared_ptr<tgpg::ReceiveRing> receiver_;
+  std::shared_ptr<tgpg::Mailbox> mailbox_ = std::make_shared<tgpg::Mailbox>(0, 1, 64, size_t{1} << 30);
+  std::unique_ptr<tgpg::RingReader> reader_;
+  std::thread collector_;
+  std::atomic<bool> stop_{false};
   std::atomic<bool> hold_{false};
   std::atomic<bool> ended_{false};
   std::atomic<bool> closed_{false};
   std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<Received> received_;
+  size_t switched_at_ = 0;  // frames received before the switch
 };
 
 // A SendRing and a writer over a recording stream, with a count of released payloads.
 struct Link {
   explicit Link(uint32_t slots, bool mapped = true) {
     auto ring = std::make_unique<tgpg::SendRing>(slots, kSlotBytes);
+    send_ring = ring.get();
     if (mapped) stream.map(*ring);
     writer = std::make_unique<tgpg::RingWriter>(std::move(ring), stream, [this](size_t bytes, bool through_ring) {
       (through_ring ? shared_bytes : inline_bytes) += bytes;
@@ -125,26 +171,52 @@ struct Link {
   }
 
   RecordingStream stream;
+  tgpg::SendRing* send_ring = nullptr;  // the writer's
   std::atomic<size_t> released{0};
   std::atomic<size_t> shared_bytes{0};
   std::atomic<size_t> inline_bytes{0};
   std::unique_ptr<tgpg::RingWriter> writer;
 };
 
-TEST(RingWriter, FramesKeepTheirOrderAcrossTheRingAndInline) {
+TEST(RingWriter, FramesKeepTheirOrderThroughRecordsAndSlots) {
   Link link(/*slots=*/2);
   std::vector<std::vector<std::byte>> payloads;
-  for (int i = 0; i < 12; ++i) payloads.push_back(pattern(i % 3 == 0 ? kSmall : i % 3 == 1 ? kBig : 0, i));
+  for (int i = 0; i < 60; ++i) {
+    const size_t sizes[] = {kSmall, kBig, 0, tgpg::kMaxRecordBytes - 64, tgpg::kMaxRecordBytes + 1};
+    payloads.push_back(pattern(sizes[i % 5], i));
+  }
   for (size_t i = 0; i < payloads.size(); ++i) ASSERT_TRUE(link.send(i, payloads[i]));
+  ASSERT_TRUE(link.stream.wait_for(payloads.size()));
+  EXPECT_TRUE(link.stream.switched());
+  const auto got = link.stream.received();
+  size_t total = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].header.offset, i);
+    EXPECT_EQ(got[i].payload, payloads[i]) << "frame " << i;
+    EXPECT_TRUE(got[i].through_ring) << "frame " << i;
+    total += payloads[i].size();
+  }
+  EXPECT_EQ(link.shared_bytes.load(), total);
+  EXPECT_EQ(link.inline_bytes.load(), 0u);
+  EXPECT_EQ(link.released.load(), payloads.size());
+}
+
+TEST(RingWriter, FramesSentBeforeTheRingIsMappedStayAheadOfTheRecords) {
+  Link link(/*slots=*/2, /*mapped=*/false);
+  std::vector<std::vector<std::byte>> payloads;
+  for (int i = 0; i < 8; ++i) payloads.push_back(pattern(i % 2 == 0 ? kSmall : kBig, i));
+  for (size_t i = 0; i < 4; ++i) ASSERT_TRUE(link.send(i, payloads[i]));
+  link.stream.map(*link.send_ring);
+  for (size_t i = 4; i < payloads.size(); ++i) ASSERT_TRUE(link.send(i, payloads[i]));
   ASSERT_TRUE(link.stream.wait_for(payloads.size()));
   const auto got = link.stream.received();
   for (size_t i = 0; i < got.size(); ++i) {
     EXPECT_EQ(got[i].header.offset, i);
     EXPECT_EQ(got[i].payload, payloads[i]) << "frame " << i;
-    EXPECT_EQ(got[i].through_ring, payloads[i].size() >= kBig) << "frame " << i;
   }
-  EXPECT_EQ(link.shared_bytes.load(), 4 * kBig);
-  EXPECT_EQ(link.inline_bytes.load(), 4 * kSmall);
+  // Before the mapping nothing waits for a slot, so each frame went on the
+  // stream as it was sent; from the mapping on, each went through the ring.
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].through_ring, i >= 4) << "frame " << i;
 }
 
 TEST(RingWriter, WaitsForASlotRatherThanSendingInline) {
@@ -200,8 +272,10 @@ TEST(RingWriter, ClosingWritesWhatIsQueuedFirst) {
   link.stream.hold_slots(false);
   link.stream.give_back();
   link.writer->wait_closed(Clock::now() + std::chrono::seconds(10));
-  EXPECT_EQ(link.stream.count(), 3u);
   EXPECT_TRUE(link.stream.closed());
+  // Appended before the stream closed; the reader may still be reading them.
+  EXPECT_TRUE(link.stream.wait_for(3));
+  EXPECT_EQ(link.stream.count(), 3u);
   EXPECT_EQ(link.released.load(), 4u);
 }
 

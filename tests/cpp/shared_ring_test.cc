@@ -1,7 +1,8 @@
 // SendRing / ReceiveRing: payloads round-trip through the shared file, put()
 // finds no slot while the receiver holds every one, a sender waiting for a
-// slot wakes when one comes back (or is interrupted), and the receiver refuses
-// every offer and slot reference it cannot trust.
+// release wakes when a slot or record comes back (or is interrupted), records
+// arrive in order and wake a waiting receiver, and the receiver refuses every
+// offer and slot reference it cannot trust.
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <cstdio>
 #include <future>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -93,13 +95,14 @@ std::vector<std::shared_ptr<const void>> hold_every_slot(tgpg::SendRing& sender,
   return leases;
 }
 
-// How long wait_for_free_slot(at_most) took, run on another thread while
-// `then` runs here 100 ms after it began.
+// How long wait_for_release(seen, at_most) took, run on another thread while
+// `then` runs here 100 ms after it began; `seen` is read before either.
 template <typename Fn>
 std::chrono::milliseconds time_wait(tgpg::SendRing& sender, std::chrono::milliseconds at_most, Fn&& then) {
+  const uint32_t seen = sender.releases();
   auto waited = std::async(std::launch::async, [&] {
     const auto start = std::chrono::steady_clock::now();
-    sender.wait_for_free_slot(at_most);
+    sender.wait_for_release(seen, at_most);
     return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -108,7 +111,7 @@ std::chrono::milliseconds time_wait(tgpg::SendRing& sender, std::chrono::millise
 }
 
 // The waits below allow 20 s, and a wake counts when it comes in under 10 s:
-// a sender that missed its wake-up would sleep the whole 20.
+// a side that missed its wake-up would sleep the whole 20.
 constexpr std::chrono::milliseconds kLongWait{20000};
 constexpr std::chrono::milliseconds kWokenWithin{10000};
 
@@ -121,10 +124,15 @@ TEST(SharedRing, AWaitingSenderWakesWhenASlotComesBack) {
   EXPECT_TRUE(sender.put(view(pattern(10, 0))));
 }
 
-TEST(SharedRing, WaitingReturnsAtOnceWhileASlotIsFree) {
+TEST(SharedRing, AReleaseBeforeTheWaitEndsItAtOnce) {
   tgpg::SendRing sender(kSlots, kSlotBytes);
   auto receiver = tgpg::ReceiveRing::attach(sender.offer(), kSlotBytes);
-  EXPECT_LT(time_wait(sender, kLongWait, [] {}), kWokenWithin);
+  auto leases = hold_every_slot(sender, *receiver);
+  const uint32_t seen = sender.releases();
+  leases[0].reset();
+  const auto start = std::chrono::steady_clock::now();
+  sender.wait_for_release(seen, kLongWait);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, kWokenWithin);
 }
 
 TEST(SharedRing, InterruptEndsEveryWait) {
@@ -135,6 +143,51 @@ TEST(SharedRing, InterruptEndsEveryWait) {
   EXPECT_LT(waited, kWokenWithin);
   EXPECT_LT(time_wait(sender, kLongWait, [] {}), kWokenWithin) << "a later wait must not sleep either";
   EXPECT_FALSE(sender.put(view(pattern(10, 0)))) << "every slot is still held";
+}
+
+TEST(SharedRing, RecordsArriveInOrderAndComeBackWhenRead) {
+  tgpg::SendRing sender(kSlots, kSlotBytes);
+  EXPECT_FALSE(sender.post("early")) << "no record goes into a ring the receiver has not mapped";
+  auto receiver = tgpg::ReceiveRing::attach(sender.offer(), kSlotBytes);
+  EXPECT_FALSE(receiver->take_record());
+  for (uint32_t i = 0; i < tgpg::kRingRecords; ++i) {
+    ASSERT_TRUE(sender.post("record " + std::to_string(i))) << i;
+  }
+  EXPECT_FALSE(sender.post("one too many")) << "the receiver has read none of the queue";
+  EXPECT_FALSE(sender.post(std::string(tgpg::kMaxRecordBytes + 1, 'x')));
+
+  const uint32_t seen = sender.releases();
+  EXPECT_EQ(receiver->take_record(), "record 0");
+  EXPECT_NE(sender.releases(), seen) << "a record read is a release the sender may wait for";
+  const std::string longest(tgpg::kMaxRecordBytes, 'y');
+  ASSERT_TRUE(sender.post(longest));
+  for (uint32_t i = 1; i < tgpg::kRingRecords; ++i) EXPECT_EQ(receiver->take_record(), "record " + std::to_string(i));
+  EXPECT_EQ(receiver->take_record(), longest);
+  EXPECT_FALSE(receiver->take_record());
+  // Past the queue's end, records wrap around.
+  for (int round = 0; round < 3 * static_cast<int>(tgpg::kRingRecords); ++round) {
+    ASSERT_TRUE(sender.post(std::to_string(round)));
+    EXPECT_EQ(receiver->take_record(), std::to_string(round));
+  }
+}
+
+TEST(SharedRing, AWaitingReceiverWakesWhenARecordIsAppended) {
+  tgpg::SendRing sender(kSlots, kSlotBytes);
+  auto receiver = tgpg::ReceiveRing::attach(sender.offer(), kSlotBytes);
+  auto waited = std::async(std::launch::async, [&] {
+    const auto start = std::chrono::steady_clock::now();
+    receiver->wait_for_record(kLongWait);
+    return std::chrono::steady_clock::now() - start;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(sender.post("wake up"));
+  EXPECT_LT(waited.get(), kWokenWithin);
+  EXPECT_EQ(receiver->take_record(), "wake up");
+
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(sender.post("already there"));
+  receiver->wait_for_record(kLongWait);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, kWokenWithin) << "a record waiting already ends the wait";
 }
 
 TEST(SharedRing, PayloadLargerThanASlotGoesInline) {

@@ -248,9 +248,8 @@ TEST(WireFormat, RejectsBadTagsAndTrailingBytes) {
 // the frame then names a slot, and carries no payload of its own.
 TEST(WireFormat, RingFramesAndOffersRoundTrip) {
   const tgpg::RingSlot slot{5, 123456789, 2 << 20};
-  grpc::ByteBuffer ring_frame = tgpg::encode_ring_frame(sample_header(), slot);
-  const std::string ring_frame_bytes = flatten(ring_frame);
-  tgpg::DecodedMessage message = tgpg::decode_message(std::move(ring_frame), 2 << 20);
+  const std::string ring_frame_bytes = tgpg::encode_ring_frame(sample_header(), slot);
+  tgpg::DecodedMessage message = tgpg::decode_record(ring_frame_bytes, 2 << 20);
   expect_same_header(message.frame.header, sample_header());
   EXPECT_TRUE(message.frame.payload.empty());
   ASSERT_TRUE(message.ring_slot);
@@ -276,6 +275,34 @@ TEST(WireFormat, RingFramesAndOffersRoundTrip) {
   message = tgpg::decode_message(slices_of(encoded(sample_header(), "abc")), kPayloadLimit);
   EXPECT_FALSE(message.ring_slot);
   EXPECT_FALSE(message.ring_offer);
+  EXPECT_FALSE(message.ring_switch);
+
+  // The switch is a message of its own, with nothing in it.
+  message = tgpg::decode_message(tgpg::encode_ring_switch(), kPayloadLimit);
+  EXPECT_TRUE(message.ring_switch);
+  EXPECT_FALSE(message.ring_offer);
+  EXPECT_FALSE(message.ring_slot);
+  torch_grpc_pg::Frame full_switch;
+  full_switch.mutable_ring_switch();
+  EXPECT_EQ(flatten(tgpg::encode_ring_switch()), full_switch.SerializeAsString());
+  EXPECT_THROW(tgpg::decode_message(slices_of(std::string("\x4a\x01\x00", 3)), kPayloadLimit), std::runtime_error)
+      << "a switch that carries something";
+  EXPECT_THROW(decode(flatten(tgpg::encode_ring_switch())), std::runtime_error)
+      << "decode_frame takes frames only";
+}
+
+// A record of the shared ring holds the bytes a frame has on the stream.
+TEST(WireFormat, RecordsHoldTheStreamEncoding) {
+  const std::string abc = "abc";
+  const std::string record =
+      tgpg::encode_frame_record(sample_header(), {reinterpret_cast<const std::byte*>(abc.data()), abc.size()});
+  EXPECT_EQ(record, encoded(sample_header(), "abc"));
+  tgpg::DecodedMessage message = tgpg::decode_record(record, kPayloadLimit);
+  expect_same_header(message.frame.header, sample_header());
+  std::string payload(message.frame.payload_bytes(), '\0');
+  message.frame.copy_payload_to(payload.data());
+  EXPECT_EQ(payload, "abc");
+  EXPECT_EQ(tgpg::encode_frame_record(sample_header(), {}), encoded(sample_header(), ""));
 }
 
 TEST(WireFormat, RejectsRingFramesThatCarryMoreThanTheirSlot) {
