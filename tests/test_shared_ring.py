@@ -324,8 +324,16 @@ ATTACKS: dict[str, tuple[bool, Callable[..., dict[str, Any]], int]] = {
     "offer-over-tcp": (False, _attack_tcp, 1),
     "offer-names-a-regular-file": (True, _attack_regular_file, 1),
     "slot-out-of-range": (True, _valid_then_forged_slots, 2),
-    "record-longer-than-a-record": (True, _switch_then(_record_longer_than_a_record), 2),
-    "more-records-than-the-queue": (True, _switch_then(_more_records_than_the_queue), 2),
+    "record-longer-than-a-record": (
+        True,
+        _switch_then(_record_longer_than_a_record),
+        2,
+    ),
+    "more-records-than-the-queue": (
+        True,
+        _switch_then(_more_records_than_the_queue),
+        2,
+    ),
     "data-on-the-stream-after-the-switch": (
         True,
         _switch_then(_data_on_the_stream_after_the_switch),
