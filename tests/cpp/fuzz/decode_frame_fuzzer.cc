@@ -27,6 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const tgpg::DecodedMessage message = tgpg::decode_message(std::move(buffer), kMaxPayloadBytes);
     const tgpg::ReceivedFrame& frame = message.frame;
     if (message.ring_slot && (message.ring_slot->bytes > kMaxPayloadBytes || !frame.payload.empty())) __builtin_trap();
+    if (message.ring_switch && (message.ring_offer || message.ring_slot || !frame.payload.empty())) __builtin_trap();
     if (message.ring_offer) {
       volatile size_t token = message.ring_offer->token.size();
       (void)token;

@@ -62,7 +62,8 @@ void frame_seeds(const std::string& dir) {
   abort.src_rank = 2;
   abort.error = "rank 2 failed: out of memory";
   write_cuts(dir, flatten(tgpg::encode_frame(abort, {}, nullptr)), 0);
-  write_cuts(dir, flatten(tgpg::encode_ring_frame(h, tgpg::RingSlot{3, 17, 64})), 0);
+  write_cuts(dir, tgpg::encode_ring_frame(h, tgpg::RingSlot{3, 17, 64}), 0);
+  write_cuts(dir, flatten(tgpg::encode_ring_switch()), 0);
   write_cuts(dir, flatten(tgpg::encode_ring_offer(tgpg::RingOffer{4242, 9, 8, 2 << 20, std::string(32, '\x55')})), 0);
 }
 
