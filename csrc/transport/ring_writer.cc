@@ -50,28 +50,26 @@ bool RingWriter::send(const FrameHeader& header, ByteView payload, std::function
     ring_->interrupt();
   }
   Pending item{header, payload, std::move(release)};
-  bool queued = busy_ || !queue_.empty() || needs_slot(payload);
   Outcome outcome = Outcome::WouldWait;
-  if (!queued) {
+  if (busy_ || !queue_.empty() || needs_slot(payload)) {
+    queue_.push_back(std::move(item));
+  } else {
+    // Nothing before it and no slot to wait for: sent now, on this thread,
+    // with no hand-off, so small messages keep their latency.
     busy_ = true;
     lock.unlock();
-    for (auto& d : dropped) release_payload(d.release);
-    dropped.clear();
+    for (auto& d : std::exchange(dropped, {})) release_payload(d.release);
     outcome = transmit(item, /*may_wait=*/false);
     lock.lock();
     busy_ = false;
-    // Nothing was queued behind it while busy_ was set by this thread; put it
-    // first for the writer's thread to wait on.
-    queued = outcome == Outcome::WouldWait;
-    if (queued) queue_.push_front(std::move(item));
-  } else {
-    queue_.push_back(std::move(item));
+    broken_ = broken_ || outcome == Outcome::Broken;
+    // Whatever came meanwhile queued behind it, so one that must wait for a record goes first.
+    if (outcome == Outcome::WouldWait) queue_.push_front(std::move(item));
   }
-  broken_ = broken_ || outcome == Outcome::Broken;
   lock.unlock();
   cv_.notify_all();
   for (auto& d : dropped) release_payload(d.release);
-  return queued || outcome != Outcome::Broken;
+  return outcome != Outcome::Broken;
 }
 
 RingWriter::Outcome RingWriter::post_record(const std::string& record, bool may_wait) {
