@@ -217,9 +217,7 @@ void ExchangeReactor::on_frame() {
   if (message.ring_slot) {
     try {
       if (!ring_) throw std::runtime_error("this rank mapped no shared ring of that rank");
-      auto [payload, lease] = ring_->take(*message.ring_slot);
-      frame.payload = {payload};
-      frame.owner = std::move(lease);
+      ring_->take_into(*message.ring_slot, frame);
     } catch (const std::exception& e) {
       fail_stream("rank " + std::to_string(src_) + " sent a frame whose payload is not in its shared ring (" +
                   e.what() + "); are both ranks running the same torch-grpc-pg release?");

@@ -118,11 +118,7 @@ bool RingReader::deliver(const std::string& record) {
       throw std::runtime_error("a record holds something other than a data frame");
     }
     frame = std::move(message.frame);
-    if (message.ring_slot) {
-      auto [payload, lease] = ring_->take(*message.ring_slot);
-      frame.payload = {payload};
-      frame.owner = std::move(lease);
-    }
+    if (message.ring_slot) ring_->take_into(*message.ring_slot, frame);
   } catch (const std::exception& e) {
     refuse("rank " + std::to_string(src_) + " sent a frame through its shared ring that this rank cannot read (" +
            e.what() + "); are both ranks running the same torch-grpc-pg release and chunk_bytes?");

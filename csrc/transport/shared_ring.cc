@@ -306,6 +306,12 @@ std::pair<ByteView, std::shared_ptr<const void>> ReceiveRing::take(const RingSlo
   return {ByteView{m.slot(slot.index), slot.bytes}, std::make_shared<Lease>(shared_from_this(), slot.index)};
 }
 
+void ReceiveRing::take_into(const RingSlot& slot, ReceivedFrame& frame) {
+  auto [payload, lease] = take(slot);
+  frame.payload = {payload};
+  frame.owner = std::move(lease);
+}
+
 void ReceiveRing::release(uint32_t index) {
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -151,6 +151,8 @@ class ReceiveRing : public std::enable_shared_from_this<ReceiveRing> {
   // dropped. Throws std::runtime_error for a slot out of range, already held,
   // not filled, filled by another put, or a size over the slot's.
   std::pair<ByteView, std::shared_ptr<const void>> take(const RingSlot& slot);
+  // take(), made the payload of `frame`, which then holds the slot. Throws as take() does.
+  void take_into(const RingSlot& slot, ReceivedFrame& frame);
 
   // The next record, copied out of the file (so that the sender cannot change
   // it while it is checked) and given back at once; nothing when the sender
