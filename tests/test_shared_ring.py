@@ -227,6 +227,15 @@ def _maps_of_this_process(name: str) -> bool:
         return any(f"/memfd:{name}" in line for line in maps)
 
 
+def _still_mapped_after(name: str, seconds: float) -> bool:
+    """Whether the ring stays mapped: the server lets go of a refused stream's ring only
+    once gRPC is done with the call, a moment after the caller has read its status."""
+    deadline = time.monotonic() + seconds
+    while _maps_of_this_process(name) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return _maps_of_this_process(name)
+
+
 def _offer_and_name_a_slot(link: Any, ring: ForgedRing, offer: Any) -> dict[str, Any]:
     """Sends `offer`, then a message whose payload it says is in slot 0; what came of it."""
     link.send_frame(offer)
@@ -392,7 +401,7 @@ def _ring_attack(ctx: RankContext, case: str) -> dict[str, Any]:
                 outcomes.append(str(e))
         report["outcomes"] = outcomes
         store.wait(["attack-done"], timedelta(seconds=60))
-        report["mapped_after"] = _maps_of_this_process(name)
+        report["mapped_after"] = _still_mapped_after(name, 10.0)
     # The group is failed on rank 0; the default group must be unharmed.
     store_barrier(store, ctx.world_size, "attacked")
     total = torch.full((4,), float(ctx.rank + 1))
