@@ -30,10 +30,14 @@ bool RingWriter::needs_slot(ByteView payload) const {
   return payload.size > kMaxRecordBytes && ring_->attached();
 }
 
-bool RingWriter::giving_up() {
-  if (stream_.ended()) return true;
-  std::lock_guard<std::mutex> lock(mutex_);
-  return give_up_;
+bool RingWriter::wait_for_room(uint32_t seen) {
+  if (stream_.ended()) return false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (give_up_) return false;
+  }
+  ring_->wait_for_release(seen, kReleaseWaitSlice);
+  return true;
 }
 
 bool RingWriter::send(const FrameHeader& header, ByteView payload, std::function<void()> release) {
@@ -77,8 +81,7 @@ RingWriter::Outcome RingWriter::post_record(const std::string& record, bool may_
     const uint32_t seen = ring_->releases();
     if (ring_->post(record)) return Outcome::Sent;
     if (!may_wait) return Outcome::WouldWait;
-    if (giving_up()) return Outcome::Dropped;
-    ring_->wait_for_release(seen, kReleaseWaitSlice);
+    if (!wait_for_room(seen)) return Outcome::Dropped;
   }
 }
 
@@ -116,11 +119,10 @@ RingWriter::Outcome RingWriter::transmit(Pending& item, bool may_wait) {
       if (outcome == Outcome::Sent) count_sent_(item.payload.size, /*through_ring=*/true);
       return outcome;
     }
-    if (giving_up()) {
+    if (!wait_for_room(seen)) {
       release_payload(item.release);
       return Outcome::Dropped;
     }
-    ring_->wait_for_release(seen, kReleaseWaitSlice);
   }
 }
 

@@ -87,9 +87,10 @@ class RingWriter {
   Outcome transmit(Pending& item, bool may_wait);
   // Appends `record`, waiting for a free one if `may_wait`.
   Outcome post_record(const std::string& record, bool may_wait);
-  // Whether a wait for a slot or record should end: an abort, a close past its
-  // deadline, or the stream's end.
-  bool giving_up();
+  // Waits for the receiver to give a slot or record back after `seen`
+  // releases (SendRing::releases). False, at once, when the wait is given up:
+  // an abort, a close past its deadline, or the stream's end.
+  bool wait_for_room(uint32_t seen);
 
   std::unique_ptr<SendRing> ring_;
   FrameStream& stream_;

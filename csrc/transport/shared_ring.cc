@@ -48,9 +48,11 @@ struct alignas(64) SlotState {
   std::atomic<uint64_t> seq;   // the put that filled it, stored before `full`
 };
 
-// One frame, encoded, in the record queue after the slot states.
+// One frame, encoded, in the record queue after the slot states. `bytes` is
+// atomic so that the receiver reads it exactly once, whatever the sender does
+// to it meanwhile.
 struct Record {
-  uint32_t bytes;
+  std::atomic<uint32_t> bytes;
   char data[kMaxRecordBytes];
 };
 static_assert(sizeof(Record) == kRecordBytes, "a record is kRecordBytes, as the protocol says");
@@ -76,6 +78,26 @@ void futex_wait(std::atomic<uint32_t>& word, uint32_t expected, std::chrono::mil
 
 void futex_wake_all(std::atomic<uint32_t>& word) {
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// The two hand-shakes of the file, slots and records given back (the sender
+// sleeps on `released`) and records appended (the receiver sleeps on
+// `published`), are one protocol: the sleeper raises its `waiting` flag, looks
+// at the word once more, and sleeps only if it still holds `seen`; the other
+// side moves the word on, then wakes only if the flag is up. seq_cst on both
+// sides: either the sleeper sees the word move before it sleeps, or the other
+// side sees the flag and wakes it. A move between the look and the sleep makes
+// the futex return at once.
+void sleep_while_unmoved(std::atomic<uint32_t>& word, uint32_t seen, std::atomic<uint32_t>& waiting,
+                         std::chrono::milliseconds at_most) {
+  waiting.store(1, std::memory_order_seq_cst);
+  if (word.load(std::memory_order_seq_cst) == seen) futex_wait(word, seen, at_most);
+  waiting.store(0, std::memory_order_relaxed);
+}
+
+// The other side of sleep_while_unmoved, once `word` has moved on (seq_cst).
+void wake_if_waiting(std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiting) {
+  if (waiting.load(std::memory_order_seq_cst) != 0) futex_wake_all(word);
 }
 
 // Not a secret: it tells the receiver that the file it opened is the one offered.
@@ -187,27 +209,22 @@ bool SendRing::post(const std::string& record) {
   // Acquire: the receiver has copied a record out before it counts it read.
   if (posted_ - header.consumed.load(std::memory_order_acquire) >= kRingRecords) return false;
   Record& slot = m.record(posted_);
-  slot.bytes = static_cast<uint32_t>(record.size());
+  slot.bytes.store(static_cast<uint32_t>(record.size()), std::memory_order_relaxed);
   std::memcpy(slot.data, record.data(), record.size());
   ++posted_;
-  // seq_cst on both sides: either the receiver sees this record before it
-  // sleeps, or this sees it waiting and wakes it.
+  // Also the release that makes the record's bytes visible to the receiver.
   header.published.store(posted_, std::memory_order_seq_cst);
-  if (header.receiver_waiting.load(std::memory_order_seq_cst) != 0) futex_wake_all(header.published);
+  wake_if_waiting(header.published, header.receiver_waiting);
   return true;
 }
 
 uint32_t SendRing::releases() const { return mapping_->header().released.load(std::memory_order_seq_cst); }
 
 void SendRing::wait_for_release(uint32_t seen, std::chrono::milliseconds at_most) {
+  // An interrupt that comes after this look moves the count on.
+  if (interrupted_.load()) return;
   RingHeader& header = mapping_->header();
-  header.sender_waiting.store(1, std::memory_order_seq_cst);
-  // A release after `seen` was read moved the count on: the futex then
-  // returns at once instead of sleeping.
-  if (header.released.load(std::memory_order_seq_cst) == seen && !interrupted_.load()) {
-    futex_wait(header.released, seen, at_most);
-  }
-  header.sender_waiting.store(0, std::memory_order_relaxed);
+  sleep_while_unmoved(header.released, seen, header.sender_waiting, at_most);
 }
 
 void SendRing::interrupt() {
@@ -323,10 +340,8 @@ void ReceiveRing::release(uint32_t index) {
 
 void ReceiveRing::announce_release() {
   RingHeader& header = mapping_->header();
-  // seq_cst on both sides: either the sender saw the release before it
-  // slept, or this sees it waiting and wakes it.
   header.released.fetch_add(1, std::memory_order_seq_cst);
-  if (header.sender_waiting.load(std::memory_order_seq_cst) != 0) futex_wake_all(header.released);
+  wake_if_waiting(header.released, header.sender_waiting);
 }
 
 std::optional<std::string> ReceiveRing::take_record() {
@@ -340,25 +355,24 @@ std::optional<std::string> ReceiveRing::take_record() {
     throw std::runtime_error("it claims " + std::to_string(waiting) + " unread records in a queue of " +
                              std::to_string(kRingRecords));
   }
-  Record copy;
-  std::memcpy(&copy, &m.record(taken_records_), sizeof(copy));
-  if (copy.bytes > kMaxRecordBytes) {
-    throw std::runtime_error("record " + std::to_string(taken_records_) + " claims " + std::to_string(copy.bytes) +
+  const Record& record = m.record(taken_records_);
+  // Read once and checked; the bytes are copied out before anything looks at
+  // them, so a sender that rewrites the record meanwhile changes only its own frame.
+  const uint32_t bytes = record.bytes.load(std::memory_order_relaxed);
+  if (bytes > kMaxRecordBytes) {
+    throw std::runtime_error("record " + std::to_string(taken_records_) + " claims " + std::to_string(bytes) +
                              " bytes, more than the " + std::to_string(kMaxRecordBytes) + " a record holds");
   }
+  std::string copy(record.data, bytes);
   ++taken_records_;
   header.consumed.store(taken_records_, std::memory_order_release);
   announce_release();
-  return std::string(copy.data, copy.bytes);
+  return copy;
 }
 
 void ReceiveRing::wait_for_record(std::chrono::milliseconds at_most) {
   RingHeader& header = mapping_->header();
-  header.receiver_waiting.store(1, std::memory_order_seq_cst);
-  if (header.published.load(std::memory_order_seq_cst) == taken_records_) {
-    futex_wait(header.published, taken_records_, at_most);
-  }
-  header.receiver_waiting.store(0, std::memory_order_relaxed);
+  sleep_while_unmoved(header.published, taken_records_, header.receiver_waiting, at_most);
 }
 
 void ReceiveRing::wake_reader() { futex_wake_all(mapping_->header().published); }
