@@ -3,8 +3,8 @@ safe against a peer that offers or names what it should not.
 
 The attacks play rank 1 of a group from a grpcio client built from protos/: it opens the
 group's point-to-point stream to rank 0 (which rank 1's own process never opened), offers
-a ring, and sends frames that name slots in it, on the stream or, after switching to the
-ring, in its record queue. The file layout they write is the one
+a ring, switches to it, and sends records in its queue that name slots in it; or names a
+slot on the stream, which no rank does. The file layout they write is the one
 csrc/transport/shared_ring.cc defines and protos/torch_grpc_pg.proto describes.
 """
 
@@ -236,10 +236,13 @@ def _still_mapped_after(name: str, seconds: float) -> bool:
     return _maps_of_this_process(name)
 
 
-def _offer_and_name_a_slot(link: Any, ring: ForgedRing, offer: Any) -> dict[str, Any]:
-    """Sends `offer`, then a message whose payload it says is in slot 0; what came of it."""
+def _offer_and_switch(link: Any, ring: ForgedRing, offer: Any) -> dict[str, Any]:
+    """Sends `offer`, switches to the ring, and appends a record whose payload it says
+    is in slot 0; what came of it."""
     link.send_frame(offer)
-    link.send_frame(_message(1, (0, 1, MESSAGE_NUMEL * 4)))
+    link.send_frame(_switch())
+    ring.fill(0, 1, torch.zeros(MESSAGE_NUMEL).numpy().tobytes())
+    ring.append(0, _message(1, (0, 1, MESSAGE_NUMEL * 4)).SerializeToString())
     code = link.status()[0].name
     return {"attached": ring.attached(), "code": code}
 
@@ -247,7 +250,7 @@ def _offer_and_name_a_slot(link: Any, ring: ForgedRing, offer: Any) -> dict[str,
 # What rank 1 plays, by case: the target rank 0 is dialled on, and what it sends. Each
 # returns what it saw, for the parent to check.
 def _attack_tcp(link: Any, ring: ForgedRing, _: Callable[[], None]) -> dict[str, Any]:
-    return _offer_and_name_a_slot(link, ring, ring.offer())
+    return _offer_and_switch(link, ring, ring.offer())
 
 
 def _attack_regular_file(
@@ -258,21 +261,18 @@ def _attack_regular_file(
         regular.truncate(ring.size)
         regular.write(bytes(ring.map[0:40]))
         regular.flush()
-        return _offer_and_name_a_slot(link, ring, ring.offer(fd=regular.fileno()))
+        return _offer_and_switch(link, ring, ring.offer(fd=regular.fileno()))
 
 
-def _valid_then_forged_slots(
-    link: Any, ring: ForgedRing, wait_taken: Callable[[], None]
+def _slot_named_on_the_stream(
+    link: Any, ring: ForgedRing, _: Callable[[], None]
 ) -> dict[str, Any]:
+    """A slot of a genuine, mapped ring, named on the stream instead of in a record."""
     link.send_frame(ring.offer())
+    seen = {"attached": ring.wait_attached()}
     payload = torch.arange(MESSAGE_NUMEL, dtype=torch.float32).numpy().tobytes()
     ring.fill(0, 1, payload)
-    # Sent before the offer is known to be taken: frames are read in order, so the
-    # offer is handled before this frame is.
     link.send_frame(_message(1, (0, 1, len(payload))))
-    wait_taken()
-    seen = {"attached": ring.attached(), "slot_given_back": ring.full(0) == 0}
-    link.send_frame(_message(2, (SLOTS, 2, len(payload))))
     seen["code"] = link.status()[0].name
     return seen
 
@@ -307,6 +307,11 @@ def _switch_then(
     return attack
 
 
+def _slot_out_of_range(_: Any, ring: ForgedRing) -> None:
+    payload_bytes = MESSAGE_NUMEL * 4
+    ring.append(1, _message(2, (SLOTS, 2, payload_bytes)).SerializeToString())
+
+
 def _record_longer_than_a_record(_: Any, ring: ForgedRing) -> None:
     ring.append(1, _message(2, None).SerializeToString(), claimed=RECORD_BYTES * 4)
 
@@ -332,7 +337,7 @@ def _switch_without_a_ring(
 ATTACKS: dict[str, tuple[bool, Callable[..., dict[str, Any]], int]] = {
     "offer-over-tcp": (False, _attack_tcp, 1),
     "offer-names-a-regular-file": (True, _attack_regular_file, 1),
-    "slot-out-of-range": (True, _valid_then_forged_slots, 2),
+    "slot-out-of-range": (True, _switch_then(_slot_out_of_range), 2),
     "record-longer-than-a-record": (
         True,
         _switch_then(_record_longer_than_a_record),
@@ -349,6 +354,7 @@ ATTACKS: dict[str, tuple[bool, Callable[..., dict[str, Any]], int]] = {
         2,
     ),
     "switch-without-a-ring": (True, _switch_without_a_ring, 1),
+    "slot-named-on-the-stream": (True, _slot_named_on_the_stream, 1),
 }
 
 
@@ -417,7 +423,7 @@ def test_a_refused_offer_is_not_mapped_and_its_slots_are_refused(case: str) -> N
     assert attacker["attached"] == 0, attacker
     assert attacker["code"] == "INVALID_ARGUMENT", attacker
     (outcome,) = rank0["outcomes"]
-    assert "rank 1" in outcome and "mapped no shared ring" in outcome, outcome
+    assert "rank 1" in outcome and "did not map" in outcome, outcome
     assert not rank0["mapped_after"], rank0
     assert all(r.value["default_group_exact"] for r in results)
 
@@ -437,7 +443,7 @@ def test_a_genuine_ring_is_used_and_a_forged_reference_is_refused(
     results = run_ranks(_ring_attack, 2, case)
     attacker, rank0 = results[1].value, results[0].value
     # The positive control: a ring built by the protocol's description is taken, and a
-    # frame naming a slot in it (on the stream, or in a record) is delivered exactly...
+    # record naming a slot in it is delivered exactly...
     assert attacker["attached"] == 1, attacker
     assert rank0["outcomes"][0] == "received", rank0
     assert rank0["data_exact"] and rank0["mapped_while_used"], rank0
@@ -451,10 +457,21 @@ def test_a_genuine_ring_is_used_and_a_forged_reference_is_refused(
     assert all(r.value["default_group_exact"] for r in results)
 
 
-def test_a_switch_to_a_ring_never_offered_is_refused() -> None:
-    results = run_ranks(_ring_attack, 2, "switch-without-a-ring")
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        (
+            "switch-without-a-ring",
+            "switched to a shared ring that this rank did not map",
+        ),
+        ("slot-named-on-the-stream", "named a slot of its shared ring on its stream"),
+    ],
+)
+def test_a_ring_used_out_of_turn_is_refused(case: str, expected: str) -> None:
+    results = run_ranks(_ring_attack, 2, case)
     attacker, rank0 = results[1].value, results[0].value
     (outcome,) = rank0["outcomes"]
-    assert "rank 1" in outcome and "did not map" in outcome, outcome
+    assert "rank 1" in outcome and expected in outcome, outcome
     assert attacker["code"] == "INVALID_ARGUMENT", attacker
+    assert not rank0["mapped_after"], rank0
     assert all(r.value["default_group_exact"] for r in results)

@@ -215,14 +215,12 @@ void ExchangeReactor::on_frame() {
     return;
   }
   if (message.ring_slot) {
-    try {
-      if (!ring_) throw std::runtime_error("this rank mapped no shared ring of that rank");
-      ring_->take_into(*message.ring_slot, frame);
-    } catch (const std::exception& e) {
-      fail_stream("rank " + std::to_string(src_) + " sent a frame whose payload is not in its shared ring (" +
-                  e.what() + "); are both ranks running the same torch-grpc-pg release?");
-      return;
-    }
+    // A sender names slots only in the ring's records, after the switch; on the
+    // stream a slot would let a frame read the ring out of the records' order.
+    fail_stream("rank " + std::to_string(src_) +
+                " named a slot of its shared ring on its stream, where only the ring's records may name one; are "
+                "both ranks running the same torch-grpc-pg release?");
+    return;
   }
   // The stream, not the header, says who sent the frame.
   frame.header.src_rank = static_cast<uint32_t>(src_);
