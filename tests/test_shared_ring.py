@@ -63,15 +63,15 @@ def _own_status(backend: Any) -> Any:
 # --------------------------------------------------------------------------- use
 
 
-def _traffic(ctx: RankContext, env: dict[str, str]) -> dict[str, Any]:
+def _traffic(ctx: RankContext, env: dict[str, str], numel: int) -> dict[str, Any]:
     os.environ.update(env)
     gloo = init_groups(ctx)
-    # A link offers its ring with its first large chunk, so the first collective's
-    # first chunks go inline; the counters below start after one.
-    dist.all_reduce(torch.ones(NUMEL))
+    # A link offers its ring with its first frame, so the first collective's first
+    # frames go through the socket; the counters below start after one.
+    dist.all_reduce(torch.ones(numel))
     before = _own_status(_backend())
     inputs = [
-        make_input(seed_of("shared-ring", r), r, NUMEL, torch.float32)
+        make_input(seed_of("shared-ring", r), r, numel, torch.float32)
         for r in range(ctx.world_size)
     ]
     tensor = inputs[ctx.rank].clone()
@@ -104,18 +104,20 @@ def _traffic(ctx: RankContext, env: dict[str, str]) -> dict[str, Any]:
     ],
     ids=["default", "shared-memory-off", "tcp-only"],
 )
+# Small messages take the rings too: the direct schedule, to every peer, and records.
+@pytest.mark.parametrize("numel", [NUMEL, 3], ids=["chunks", "three-floats"])
 @pytest.mark.parametrize("world", [2, 3])
-def test_large_chunks_between_ranks_on_one_host_go_through_shared_rings(
-    world: int, env: dict[str, str], expect_shared: bool
+def test_frames_between_ranks_on_one_host_go_through_shared_rings(
+    world: int, numel: int, env: dict[str, str], expect_shared: bool
 ) -> None:
-    for res in run_ranks(_traffic, world, env):
+    for res in run_ranks(_traffic, world, env, numel):
         counters = res.value
-        assert counters["sent"] >= NUMEL * 4 // world, (res.rank, counters)
+        assert counters["sent"] >= numel * 4 // world, (res.rank, counters)
         if expect_shared:
-            # Once the ring is mapped, every chunk of 64 KiB or more goes through it,
-            # waiting for a slot when the receiver holds them all; only the few
-            # bytes of segment tails below that size go inline.
-            assert counters["shared"] >= counters["sent"] * 0.99, (res.rank, counters)
+            # Once the ring is mapped every frame goes through it: chunks through its
+            # slots, waiting for one when the receiver holds them all, and payloads
+            # small enough for a record inline in the record.
+            assert counters["shared"] == counters["sent"], (res.rank, counters)
         else:
             assert counters["shared"] == 0, (res.rank, counters)
 

@@ -40,9 +40,9 @@ class PeerLink {
 
   // Queues a frame; frames reach the peer in the order they were sent. The
   // payload is not copied here: `release` runs once it may change again. To a
-  // peer on this host, the first payload of kMinRingPayloadBytes or more
-  // offers a shared ring, and from then on a RingWriter copies large payloads
-  // into it. False if the stream is broken or closing; the frame is dropped then.
+  // peer on this host, the first data frame offers a shared ring, and from
+  // then on a RingWriter sends frames through it. False if the stream is
+  // broken or closing; the frame is dropped then.
   bool send(const FrameHeader& header, ByteView payload, std::function<void()> release);
 
   // Closing is split so that a group closes all its links at once: begin on
@@ -54,9 +54,8 @@ class PeerLink {
 
  private:
   // The link's RingWriter, made (with the ring, which is offered then) by the
-  // first payload that should go through one; null while frames go straight
-  // to the stream.
-  RingWriter* ring_writer(ByteView payload);
+  // first data frame; null while frames go straight to the stream.
+  RingWriter* ring_writer(const FrameHeader& header);
 
   std::string description_;
   RingWriter::SentCounter count_sent_;

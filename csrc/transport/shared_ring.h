@@ -72,10 +72,6 @@ constexpr size_t kMaxRecordBytes = kRecordBytes - sizeof(uint32_t);
 // (benchmarks/RESULTS.md).
 constexpr uint32_t kRingSlots = 4;
 
-// Chunks below this go inline: the copy they would save is smaller than the
-// bookkeeping, and small messages keep their one-message latency.
-constexpr size_t kMinRingPayloadBytes = 64 << 10;
-
 // Bytes of the memory file for a ring of this shape, or 0 if the shape is out
 // of bounds (no slots, too many, or a size that would overflow).
 size_t ring_file_bytes(uint32_t slots, uint64_t slot_bytes);

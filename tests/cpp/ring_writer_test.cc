@@ -25,8 +25,8 @@ namespace {
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
-constexpr uint64_t kSlotBytes = tgpg::kMinRingPayloadBytes * 2;
-constexpr size_t kBig = tgpg::kMinRingPayloadBytes;  // the smallest payload the ring takes
+constexpr uint64_t kSlotBytes = 128 << 10;
+constexpr size_t kBig = kSlotBytes / 2;  // goes through a slot
 constexpr size_t kSmall = 100;
 
 std::vector<std::byte> pattern(size_t n, int seed) {
