@@ -132,6 +132,7 @@ RECORDS, RECORD_BYTES = 16, 1024
 PUBLISHED_AT = 52  # the header's count of records appended
 OP_POINT_TO_POINT, FLOAT32 = 11, 1
 MESSAGE_NUMEL = 1000
+SWITCH_NOT_MAPPED = "switched to a shared ring that this rank did not map"
 
 
 def _round_up(n: int, to: int) -> int:
@@ -425,7 +426,7 @@ def test_a_refused_offer_is_not_mapped_and_its_slots_are_refused(case: str) -> N
     assert attacker["attached"] == 0, attacker
     assert attacker["code"] == "INVALID_ARGUMENT", attacker
     (outcome,) = rank0["outcomes"]
-    assert "rank 1" in outcome and "did not map" in outcome, outcome
+    assert "rank 1" in outcome and SWITCH_NOT_MAPPED in outcome, outcome
     assert not rank0["mapped_after"], rank0
     assert all(r.value["default_group_exact"] for r in results)
 
@@ -460,18 +461,23 @@ def test_a_genuine_ring_is_used_and_a_forged_reference_is_refused(
 
 
 @pytest.mark.parametrize(
-    ("case", "expected"),
+    ("case", "mapped", "expected"),
     [
+        ("switch-without-a-ring", 0, SWITCH_NOT_MAPPED),
+        # The ring is genuine and mapped: only where the slot was named is wrong.
         (
-            "switch-without-a-ring",
-            "switched to a shared ring that this rank did not map",
+            "slot-named-on-the-stream",
+            1,
+            "named a slot of its shared ring on its stream",
         ),
-        ("slot-named-on-the-stream", "named a slot of its shared ring on its stream"),
     ],
 )
-def test_a_ring_used_out_of_turn_is_refused(case: str, expected: str) -> None:
+def test_a_ring_used_out_of_turn_is_refused(
+    case: str, mapped: int, expected: str
+) -> None:
     results = run_ranks(_ring_attack, 2, case)
     attacker, rank0 = results[1].value, results[0].value
+    assert attacker["attached"] == mapped, attacker
     (outcome,) = rank0["outcomes"]
     assert "rank 1" in outcome and expected in outcome, outcome
     assert attacker["code"] == "INVALID_ARGUMENT", attacker
