@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/where_time_goes.py
     .venv/bin/python benchmarks/where_time_goes.py --op broadcast --size 16M --world 4
+    .venv/bin/python benchmarks/where_time_goes.py --idle 5 --size 4 --world 4
 
 Each backend runs as the default group of its own spawned ranks (as in user_mode.py).
 Around a run of back-to-back calls, every rank reads its threads' counters from /proc
@@ -9,6 +10,10 @@ Around a run of back-to-back calls, every rank reads its threads' counters from 
 faults, and reports the differences per call; threads are grouped by name. For grpc it also
 gives them per chunk (chunk_bytes), the unit in which the transport hands data from the
 thread that reads a stream to the thread that runs the collective.
+
+With --idle S the ranks instead sleep for S seconds after the warm-up, and the same
+counters are given per second: what a group costs a process that holds it between steps
+(threads that wake, CPU they use).
 
 For the kernel and library functions behind the CPU time, run perf alongside, e.g.
 
@@ -78,8 +83,11 @@ def profile_rank(ctx: RankContext) -> None:
     op = ready_on_default_group(ctx, case, warmup=3)
     ctx.barrier()
     before, faults, start = thread_counters(), minor_faults(), time.perf_counter()
-    for _ in range(p["calls"]):
-        op.run()
+    if p["idle_s"]:
+        time.sleep(p["idle_s"])
+    else:
+        for _ in range(p["calls"]):
+            op.run()
     elapsed = time.perf_counter() - start
     after, faults = thread_counters(), minor_faults() - faults
     threads = {
@@ -94,13 +102,20 @@ def profile_rank(ctx: RankContext) -> None:
 
 
 def report(backend: str, args: argparse.Namespace, ranks: list[dict[str, Any]]) -> None:
-    calls = args.calls
-    elapsed = max(r["elapsed"] for r in ranks) / calls
-    print(
-        f"\n{backend}: {args.op} {args.size} B, world {args.world}: {elapsed * 1e3:.1f} ms per call"
-    )
+    # Counters are divided by calls, or by seconds when idle.
+    calls = args.idle or args.calls
+    unit = "s" if args.idle else "call"
+    if args.idle:
+        print(
+            f"\n{backend}: idle for {args.idle:g} s after {args.op} {args.size} B, world {args.world}"
+        )
+    else:
+        elapsed = max(r["elapsed"] for r in ranks) / calls
+        print(
+            f"\n{backend}: {args.op} {args.size} B, world {args.world}: {elapsed * 1e3:.1f} ms per call"
+        )
     chunks = None
-    if backend == "grpc":
+    if backend == "grpc" and not args.idle:
         # Chunks a rank receives per call: the ring's 2(W-1)/W of the buffer for
         # allreduce, the whole buffer for broadcast.
         share = 2 * (args.world - 1) / args.world if args.op == "allreduce" else 1.0
@@ -108,7 +123,10 @@ def report(backend: str, args: argparse.Namespace, ranks: list[dict[str, Any]]) 
         print(
             f"  about {chunks:.0f} chunks of {args.chunk_bytes} B received per rank and call"
         )
-    header = f"  {'rank':>4}  {'thread':<18} {'n':>2} {'CPU ms/call':>11} {'vol sw/call':>11} {'invol/call':>10} {'faults/call':>11}"
+    header = (
+        f"  {'rank':>4}  {'thread':<18} {'n':>2} {'CPU ms/' + unit:>11}"
+        f" {'vol sw/' + unit:>11} {'invol/' + unit:>10} {'faults/' + unit:>11}"
+    )
     if chunks:
         header += f" {'vol sw/chunk':>12}"
     print(header)
@@ -124,10 +142,10 @@ def report(backend: str, args: argparse.Namespace, ranks: list[dict[str, Any]]) 
             if chunks:
                 line += f" {vol / calls / chunks:>12.2f}"
             print(line)
-        total = sum(v[0] for v in r["threads"].values()) / calls
+        total = [sum(v[i] for v in r["threads"].values()) / calls for i in range(3)]
         print(
-            f"  {r['rank']:>4}  {'(all threads)':<18} {'':>2} {total * 1e3:>11.2f}"
-            f"   minor faults/call: {r['faults'] / calls:.0f}"
+            f"  {r['rank']:>4}  {'(all threads)':<18} {'':>2} {total[0] * 1e3:>11.2f}"
+            f" {total[1]:>11.1f} {total[2]:>10.1f} {r['faults'] / calls:>11.0f}"
         )
 
 
@@ -140,6 +158,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=parse_size, default=parse_size("64M"))
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--calls", type=int, default=40)
+    parser.add_argument(
+        "--idle",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="sleep S seconds after the warm-up instead of timing calls; report per second",
+    )
     args = parser.parse_args(argv)
     args.chunk_bytes = int(os.environ.get("TORCH_GRPC_PG_CHUNK_BYTES", 2 << 20))
     machine = machine_info()
@@ -155,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             "op": args.op,
             "bytes": args.size,
             "calls": args.calls,
+            "idle_s": args.idle,
         }
         try:
             run_world(

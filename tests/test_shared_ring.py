@@ -10,9 +10,11 @@ csrc/transport/shared_ring.cc defines and protos/torch_grpc_pg.proto describes.
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import mmap
 import os
+import platform
 import struct
 import tempfile
 import time
@@ -122,6 +124,53 @@ def test_frames_between_ranks_on_one_host_go_through_shared_rings(
             assert counters["shared"] == 0, (res.rank, counters)
 
 
+def _threads_by_name() -> dict[str, list[int]]:
+    """Voluntary context switches of each of this process's threads, by thread name."""
+    threads: dict[str, list[int]] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/self/task/{tid}/status") as f:
+                status_text = f.read()
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+        (line,) = [x for x in status_text.splitlines() if x.startswith("voluntary")]
+        threads.setdefault(name, []).append(int(line.split()[1]))
+    return threads
+
+
+def _idle_wakes(ctx: RankContext, idle_s: float) -> dict[str, Any]:
+    init_groups(ctx)
+    for _ in range(3):
+        dist.all_reduce(torch.ones(3))
+    # Every rank has received all it will: from here on nothing is sent.
+    store_barrier(ctx.store(), ctx.world_size, "idle")
+    before = _threads_by_name()
+    time.sleep(idle_s)
+    after = _threads_by_name()
+    return {
+        "names": sorted(after),
+        "reader_wakes": [
+            b - a
+            for a, b in zip(
+                before["tgpg-ring-read"], after["tgpg-ring-read"], strict=True
+            )
+        ],
+    }
+
+
+def test_an_idle_ranks_ring_readers_sleep_until_a_record_comes() -> None:
+    # A reader that looked for a stop in slices of 50 ms would wake 20 times here.
+    idle_s = 1.0
+    for res in run_ranks(_idle_wakes, 3, idle_s):
+        names, wakes = res.value["names"], res.value["reader_wakes"]
+        # Named, so that top -H, gdb and py-spy say whose the threads are.
+        assert {"tgpg-ops", "tgpg-ring-read", "tgpg-ring-write"} <= set(names), names
+        assert len(wakes) == 2, (res.rank, wakes)  # one ring from each peer
+        assert max(wakes) <= 2, (res.rank, wakes)
+
+
 # --------------------------------------------------------------------------- attacks
 
 RING_MAGIC = 0x31676E6972677074
@@ -130,6 +179,9 @@ SLOTS = 8
 SLOT_BYTES = 2 << 20
 RECORDS, RECORD_BYTES = 16, 1024
 PUBLISHED_AT = 52  # the header's count of records appended
+SYS_FUTEX = {"x86_64": 202, "aarch64": 98}[platform.machine()]
+FUTEX_WAKE, INT_MAX = 1, 2**31 - 1
+_LIBC = ctypes.CDLL(None, use_errno=True)
 OP_POINT_TO_POINT, FLOAT32 = 11, 1
 MESSAGE_NUMEL = 1000
 SWITCH_NOT_MAPPED = "switched to a shared ring that this rank did not map"
@@ -195,7 +247,17 @@ class ForgedRing:
         self.publish(count + 1)
 
     def publish(self, published: int) -> None:
+        """Moves the count of records appended on, and wakes the reader as a sender does.
+
+        A rank wakes the reader only when its flag says it sleeps; this wakes it always,
+        which needs no fence between the store and the look at the flag.
+        """
         struct.pack_into("<I", self.map, PUBLISHED_AT, published)
+        word = ctypes.c_uint32.from_buffer(self.map, PUBLISHED_AT)
+        try:
+            _LIBC.syscall(SYS_FUTEX, ctypes.byref(word), FUTEX_WAKE, INT_MAX, 0, 0, 0)
+        finally:
+            del word  # the mmap cannot close while the word points into it
 
     def wait_attached(self) -> int:
         for _ in range(1000):

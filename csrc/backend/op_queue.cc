@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "transport/thread_name.h"
+
 namespace tgpg {
 
 OpQueue::OpQueue() : shared_(std::make_shared<Shared>()) {
@@ -114,6 +116,7 @@ void OpQueue::finish_worker(std::chrono::milliseconds grace) {
 }
 
 void OpQueue::run(const std::shared_ptr<Shared>& shared) {
+  name_this_thread("tgpg-ops");
   for (;;) {
     Job job;
     {

@@ -1,23 +1,15 @@
 #include "transport/ring_reader.h"
 
-#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <optional>
 #include <stdexcept>
 #include <utility>
 
+#include "transport/thread_name.h"
 #include "transport/wire_format.h"
 
 namespace tgpg {
-namespace {
-
-// How long one wait for a record sleeps at most. An appended record ends it
-// at once; the bound is only how late end() or stop() can be noticed when
-// they race with the reader going to sleep.
-constexpr std::chrono::milliseconds kRecordWaitSlice{50};
-
-}  // namespace
 
 // What the mailbox resumes when the reader paused on a full queue.
 class RingReader::Resumer : public ReadGate {
@@ -79,7 +71,12 @@ void RingReader::stop() {
 }
 
 void RingReader::run() {
-  while (!stopping_.load()) {
+  name_this_thread("tgpg-ring-read");
+  while (true) {
+    // Read before the flags: end() and stop() set theirs before they wake the
+    // ring, so either the look below sees the flag or the wait ends at once.
+    const uint32_t wakes = ring_->wake_count();
+    if (stopping_.load()) return;
     // Read before the queue: a stream that has ended had its sender's last
     // record appended before its end, so the look below finds it.
     const bool ending = ending_.load(std::memory_order_acquire);
@@ -106,7 +103,7 @@ void RingReader::run() {
       if (drained) drained();
       return;
     }
-    ring_->wait_for_record(kRecordWaitSlice);
+    ring_->wait_for_record(wakes);
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "transport/thread_name.h"
 #include "transport/wire_format.h"
 
 namespace tgpg {
@@ -127,6 +128,7 @@ RingWriter::Outcome RingWriter::transmit(Pending& item, bool may_wait) {
 }
 
 void RingWriter::run() {
+  name_this_thread("tgpg-ring-write");
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     cv_.wait(lock, [&] { return !busy_ && (!queue_.empty() || closing_ || broken_); });

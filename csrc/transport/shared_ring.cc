@@ -8,12 +8,14 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstring>
 #include <ctime>
 #include <new>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
@@ -24,6 +26,9 @@ constexpr uint64_t kRingMagic = 0x31676e6972677074;  // "tpgring1", little-endia
 constexpr size_t kPageBytes = 4096;
 constexpr size_t kTokenBytes = 32;
 constexpr char kMemfdName[] = "torch_grpc_pg-ring";
+// Where futex_waitv is refused, the longest a reader sleeps before it looks
+// again for a stop or an end it may have missed.
+constexpr std::chrono::milliseconds kMissedWakeBound{50};
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
               "two processes share the ring's atomics, which only lock-free atomics allow");
@@ -78,6 +83,45 @@ void futex_wait(std::atomic<uint32_t>& word, uint32_t expected, std::chrono::mil
 
 void futex_wake_all(std::atomic<uint32_t>& word) {
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// Set once the kernel (before Linux 5.16) or a seccomp filter has refused
+// futex_waitv; the process then sleeps on one word at a time.
+std::atomic<bool> futex_waitv_refused{false};
+
+// Sleeps until `shared` (a word in a ring's file) leaves `shared_seen` or
+// `local` (a word of this process) leaves `local_seen`, or the deadline on
+// CLOCK_MONOTONIC passes (none: no deadline). False where futex_waitv is
+// refused; the caller then sleeps some other way.
+bool futex_wait_either(std::atomic<uint32_t>& shared, uint32_t shared_seen, std::atomic<uint32_t>& local,
+                       uint32_t local_seen, const timespec* deadline) {
+  if (futex_waitv_refused.load(std::memory_order_relaxed)) return false;
+  futex_waitv waiters[2] = {};
+  waiters[0].uaddr = reinterpret_cast<uintptr_t>(&shared);
+  waiters[0].val = shared_seen;
+  waiters[0].flags = FUTEX_32;
+  waiters[1].uaddr = reinterpret_cast<uintptr_t>(&local);
+  waiters[1].val = local_seen;
+  waiters[1].flags = FUTEX_32 | FUTEX_PRIVATE_FLAG;
+  if (::syscall(SYS_futex_waitv, waiters, 2, 0, deadline, CLOCK_MONOTONIC) >= 0) return true;
+  // EAGAIN (a word moved on), EINTR and ETIMEDOUT all mean: look again. Any
+  // other answer would come back at once on every call: a reader that kept
+  // asking would spin.
+  if (errno == EAGAIN || errno == EINTR || errno == ETIMEDOUT) return true;
+  futex_waitv_refused.store(true, std::memory_order_relaxed);
+  return false;
+}
+
+timespec monotonic_deadline(std::chrono::milliseconds after) {
+  timespec now{};
+  ::clock_gettime(CLOCK_MONOTONIC, &now);
+  const auto ms = after.count();
+  timespec deadline{now.tv_sec + static_cast<time_t>(ms / 1000), now.tv_nsec + static_cast<long>(ms % 1000) * 1000000L};
+  if (deadline.tv_nsec >= 1000000000L) {
+    deadline.tv_sec += 1;
+    deadline.tv_nsec -= 1000000000L;
+  }
+  return deadline;
 }
 
 // The two hand-shakes of the file, slots and records given back (the sender
@@ -370,11 +414,37 @@ std::optional<std::string> ReceiveRing::take_record() {
   return copy;
 }
 
-void ReceiveRing::wait_for_record(std::chrono::milliseconds at_most) {
-  RingHeader& header = mapping_->header();
-  sleep_while_unmoved(header.published, taken_records_, header.receiver_waiting, at_most);
+uint32_t ReceiveRing::wake_count() const { return wakes_.load(std::memory_order_seq_cst); }
+
+void ReceiveRing::wait_for_record(uint32_t wakes_seen) { wait_for_record(wakes_seen, std::nullopt); }
+
+void ReceiveRing::wait_for_record(uint32_t wakes_seen, std::chrono::milliseconds at_most) {
+  wait_for_record(wakes_seen, std::optional<std::chrono::milliseconds>(at_most));
 }
 
-void ReceiveRing::wake_reader() { futex_wake_all(mapping_->header().published); }
+void ReceiveRing::wait_for_record(uint32_t wakes_seen, std::optional<std::chrono::milliseconds> at_most) {
+  RingHeader& header = mapping_->header();
+  // sleep_while_unmoved's hand-shake, on two words: the sender moves
+  // `published` and wake_reader() moves `wakes_`, and a move of either
+  // between the look below and the sleep makes futex_waitv return at once.
+  header.receiver_waiting.store(1, std::memory_order_seq_cst);
+  if (header.published.load(std::memory_order_seq_cst) == taken_records_ &&
+      wakes_.load(std::memory_order_seq_cst) == wakes_seen) {
+    const std::optional<timespec> deadline = at_most ? std::optional(monotonic_deadline(*at_most)) : std::nullopt;
+    if (!futex_wait_either(header.published, taken_records_, wakes_, wakes_seen, deadline ? &*deadline : nullptr)) {
+      // One word only: a wake_reader() that races the sleep is lost, and the
+      // slice bounds how late it is noticed.
+      futex_wait(header.published, taken_records_, at_most ? std::min(*at_most, kMissedWakeBound) : kMissedWakeBound);
+    }
+  }
+  header.receiver_waiting.store(0, std::memory_order_relaxed);
+}
+
+void ReceiveRing::wake_reader() {
+  wakes_.fetch_add(1, std::memory_order_seq_cst);
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&wakes_), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+  // A reader that sleeps on `published` alone (no futex_waitv).
+  futex_wake_all(mapping_->header().published);
+}
 
 }  // namespace tgpg

@@ -157,11 +157,18 @@ class ReceiveRing : public std::enable_shared_from_this<ReceiveRing> {
   // thread reads the records.
   std::optional<std::string> take_record();
 
-  // Blocks until the sender appends a record, wake_reader() is called, or
-  // `at_most` passes; returns at once when one is waiting.
-  void wait_for_record(std::chrono::milliseconds at_most);
+  // How many times wake_reader() has been called. The reader reads it before
+  // it looks at what would make it stop, and hands it to wait_for_record().
+  uint32_t wake_count() const;
 
-  // Ends the reader's current wait (one not yet begun ends at its `at_most`).
+  // Blocks until the sender appends a record, wake_reader() is called after
+  // wake_count() returned `wakes_seen`, or `at_most` passes; returns at once
+  // when a record is waiting. On kernels before Linux 5.16, which lack
+  // futex_waitv, a wake that races the sleep is noticed within 50 ms.
+  void wait_for_record(uint32_t wakes_seen);
+  void wait_for_record(uint32_t wakes_seen, std::chrono::milliseconds at_most);
+
+  // Ends the reader's current wait, and its next one if it has not begun.
   void wake_reader();
 
  private:
@@ -171,11 +178,16 @@ class ReceiveRing : public std::enable_shared_from_this<ReceiveRing> {
 
   // Tells the sender that a slot or record came back, waking it if it waits.
   void announce_release();
+  void wait_for_record(uint32_t wakes_seen, std::optional<std::chrono::milliseconds> at_most);
 
   std::unique_ptr<RingMapping> mapping_;
   std::mutex mutex_;
   std::vector<bool> held_;
   uint32_t taken_records_ = 0;  // this side's own count; the one in the file is for the sender
+  // Moved by wake_reader(); the reader sleeps on it beside the file's
+  // `published`. Only this process sees it, so the sender cannot wake or
+  // hold the reader through it.
+  std::atomic<uint32_t> wakes_{0};
 };
 
 }  // namespace tgpg

@@ -176,7 +176,7 @@ TEST(SharedRing, AWaitingReceiverWakesWhenARecordIsAppended) {
   auto receiver = tgpg::ReceiveRing::attach(sender.offer(), kSlotBytes);
   auto waited = std::async(std::launch::async, [&] {
     const auto start = std::chrono::steady_clock::now();
-    receiver->wait_for_record(kLongWait);
+    receiver->wait_for_record(receiver->wake_count(), kLongWait);
     return std::chrono::steady_clock::now() - start;
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -186,8 +186,39 @@ TEST(SharedRing, AWaitingReceiverWakesWhenARecordIsAppended) {
 
   const auto start = std::chrono::steady_clock::now();
   ASSERT_TRUE(sender.post("already there"));
-  receiver->wait_for_record(kLongWait);
+  receiver->wait_for_record(receiver->wake_count(), kLongWait);
   EXPECT_LT(std::chrono::steady_clock::now() - start, kWokenWithin) << "a record waiting already ends the wait";
+}
+
+TEST(SharedRing, AWaitingReceiverWakesWhenWokenAndNotBefore) {
+  tgpg::SendRing sender(kSlots, kSlotBytes);
+  auto receiver = tgpg::ReceiveRing::attach(sender.offer(), kSlotBytes);
+  const auto idle = std::chrono::milliseconds(500);
+  auto start = std::chrono::steady_clock::now();
+  receiver->wait_for_record(receiver->wake_count(), idle);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, idle) << "nothing happened, so the wait sleeps its whole bound";
+
+  auto waited = std::async(std::launch::async, [&] {
+    const auto begun = std::chrono::steady_clock::now();
+    receiver->wait_for_record(receiver->wake_count(), kLongWait);
+    return std::chrono::steady_clock::now() - begun;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  receiver->wake_reader();
+  EXPECT_LT(waited.get(), kWokenWithin);
+}
+
+// The race a stopping reader meets: it has looked for a stop and found none,
+// and the stop's wake comes before it sleeps. The count it read first ends
+// that sleep at once.
+TEST(SharedRing, AWakeBetweenTheLookAndTheWaitEndsItAtOnce) {
+  tgpg::SendRing sender(kSlots, kSlotBytes);
+  auto receiver = tgpg::ReceiveRing::attach(sender.offer(), kSlotBytes);
+  const uint32_t seen = receiver->wake_count();
+  receiver->wake_reader();
+  const auto start = std::chrono::steady_clock::now();
+  receiver->wait_for_record(seen, kLongWait);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, kWokenWithin);
 }
 
 TEST(SharedRing, PayloadLargerThanASlotGoesInline) {
