@@ -416,12 +416,6 @@ std::optional<std::string> ReceiveRing::take_record() {
 
 uint32_t ReceiveRing::wake_count() const { return wakes_.load(std::memory_order_seq_cst); }
 
-void ReceiveRing::wait_for_record(uint32_t wakes_seen) { wait_for_record(wakes_seen, std::nullopt); }
-
-void ReceiveRing::wait_for_record(uint32_t wakes_seen, std::chrono::milliseconds at_most) {
-  wait_for_record(wakes_seen, std::optional<std::chrono::milliseconds>(at_most));
-}
-
 void ReceiveRing::wait_for_record(uint32_t wakes_seen, std::optional<std::chrono::milliseconds> at_most) {
   RingHeader& header = mapping_->header();
   // sleep_while_unmoved's hand-shake, on two words: the sender moves

@@ -162,11 +162,10 @@ class ReceiveRing : public std::enable_shared_from_this<ReceiveRing> {
   uint32_t wake_count() const;
 
   // Blocks until the sender appends a record, wake_reader() is called after
-  // wake_count() returned `wakes_seen`, or `at_most` passes; returns at once
-  // when a record is waiting. On kernels before Linux 5.16, which lack
-  // futex_waitv, a wake that races the sleep is noticed within 50 ms.
-  void wait_for_record(uint32_t wakes_seen);
-  void wait_for_record(uint32_t wakes_seen, std::chrono::milliseconds at_most);
+  // wake_count() returned `wakes_seen`, or `at_most` passes (if given);
+  // returns at once when a record is waiting. On kernels before Linux 5.16,
+  // which lack futex_waitv, a wake that races the sleep is noticed within 50 ms.
+  void wait_for_record(uint32_t wakes_seen, std::optional<std::chrono::milliseconds> at_most = std::nullopt);
 
   // Ends the reader's current wait, and its next one if it has not begun.
   void wake_reader();
@@ -178,7 +177,6 @@ class ReceiveRing : public std::enable_shared_from_this<ReceiveRing> {
 
   // Tells the sender that a slot or record came back, waking it if it waits.
   void announce_release();
-  void wait_for_record(uint32_t wakes_seen, std::optional<std::chrono::milliseconds> at_most);
 
   std::unique_ptr<RingMapping> mapping_;
   std::mutex mutex_;
