@@ -70,19 +70,25 @@ size_t slot_stride(uint64_t slot_bytes) { return round_up(slot_bytes, kPageBytes
 
 std::string system_error(const std::string& what) { return what + ": " + std::strerror(errno); }
 
+timespec to_timespec(std::chrono::milliseconds span) {
+  const auto ms = span.count();
+  return {static_cast<time_t>(ms / 1000), static_cast<long>(ms % 1000) * 1000000L};
+}
+
 // Shared futexes (no FUTEX_PRIVATE_FLAG): the word lies in a file that two
 // processes map, and the kernel matches waiter and waker by the file's page.
 // std::atomic<uint32_t> is a plain 32-bit word (static_assert above), which is
 // what a futex is.
 void futex_wait(std::atomic<uint32_t>& word, uint32_t expected, std::chrono::milliseconds at_most) {
-  const auto ms = at_most.count();
-  const timespec timeout{static_cast<time_t>(ms / 1000), static_cast<long>(ms % 1000) * 1000000L};
+  const timespec timeout = to_timespec(at_most);
   // EAGAIN (the word moved on), EINTR and ETIMEDOUT all mean: look again.
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT, expected, &timeout, nullptr, 0);
 }
 
-void futex_wake_all(std::atomic<uint32_t>& word) {
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+// `wake` is FUTEX_WAKE for a word in a ring's file, FUTEX_WAKE_PRIVATE for one
+// that only this process sees.
+void futex_wake_all(std::atomic<uint32_t>& word, int wake = FUTEX_WAKE) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), wake, INT_MAX, nullptr, nullptr, 0);
 }
 
 // Set once the kernel (before Linux 5.16) or a seccomp filter has refused
@@ -115,8 +121,8 @@ bool futex_wait_either(std::atomic<uint32_t>& shared, uint32_t shared_seen, std:
 timespec monotonic_deadline(std::chrono::milliseconds after) {
   timespec now{};
   ::clock_gettime(CLOCK_MONOTONIC, &now);
-  const auto ms = after.count();
-  timespec deadline{now.tv_sec + static_cast<time_t>(ms / 1000), now.tv_nsec + static_cast<long>(ms % 1000) * 1000000L};
+  const timespec span = to_timespec(after);
+  timespec deadline{now.tv_sec + span.tv_sec, now.tv_nsec + span.tv_nsec};
   if (deadline.tv_nsec >= 1000000000L) {
     deadline.tv_sec += 1;
     deadline.tv_nsec -= 1000000000L;
@@ -436,7 +442,7 @@ void ReceiveRing::wait_for_record(uint32_t wakes_seen, std::optional<std::chrono
 
 void ReceiveRing::wake_reader() {
   wakes_.fetch_add(1, std::memory_order_seq_cst);
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&wakes_), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+  futex_wake_all(wakes_, FUTEX_WAKE_PRIVATE);
   // A reader that sleeps on `published` alone (no futex_waitv).
   futex_wake_all(mapping_->header().published);
 }
