@@ -102,15 +102,15 @@ def profile_rank(ctx: RankContext) -> None:
 
 
 def report(backend: str, args: argparse.Namespace, ranks: list[dict[str, Any]]) -> None:
-    # Counters are divided by calls, or by seconds when idle.
-    calls = args.idle or args.calls
+    # Counters are given per call, or per second when idle.
+    per = args.idle or args.calls
     unit = "s" if args.idle else "call"
     if args.idle:
         print(
             f"\n{backend}: idle for {args.idle:g} s after {args.op} {args.size} B, world {args.world}"
         )
     else:
-        elapsed = max(r["elapsed"] for r in ranks) / calls
+        elapsed = max(r["elapsed"] for r in ranks) / per
         print(
             f"\n{backend}: {args.op} {args.size} B, world {args.world}: {elapsed * 1e3:.1f} ms per call"
         )
@@ -130,23 +130,26 @@ def report(backend: str, args: argparse.Namespace, ranks: list[dict[str, Any]]) 
     if chunks:
         header += f" {'vol sw/chunk':>12}"
     print(header)
+
+    def row(rank: int, name: str, n: str, counts: list[float]) -> str:
+        cpu, vol, invol, faults = (c / per for c in counts)
+        return (
+            f"  {rank:>4}  {name:<18} {n:>2} {cpu * 1e3:>11.2f}"
+            f" {vol:>11.1f} {invol:>10.1f} {faults:>11.0f}"
+        )
+
     for r in sorted(ranks, key=lambda r: r["rank"]):
         busy = sorted(r["threads"].items(), key=lambda kv: -kv[1][0])
         for name, (cpu, vol, invol, faults, n) in busy:
             if cpu == 0 and vol == 0 and invol == 0 and faults == 0:
                 continue
-            line = (
-                f"  {r['rank']:>4}  {name:<18} {int(n):>2} {cpu / calls * 1e3:>11.2f}"
-                f" {vol / calls:>11.1f} {invol / calls:>10.1f} {faults / calls:>11.0f}"
-            )
+            line = row(r["rank"], name, str(int(n)), [cpu, vol, invol, faults])
             if chunks:
-                line += f" {vol / calls / chunks:>12.2f}"
+                line += f" {vol / per / chunks:>12.2f}"
             print(line)
-        total = [sum(v[i] for v in r["threads"].values()) / calls for i in range(3)]
-        print(
-            f"  {r['rank']:>4}  {'(all threads)':<18} {'':>2} {total[0] * 1e3:>11.2f}"
-            f" {total[1]:>11.1f} {total[2]:>10.1f} {r['faults'] / calls:>11.0f}"
-        )
+        # The process's minor faults, which include threads that have ended.
+        totals = [sum(v[i] for v in r["threads"].values()) for i in range(3)]
+        print(row(r["rank"], "(all threads)", "", [*totals, r["faults"]]))
 
 
 def main(argv: list[str] | None = None) -> int:
