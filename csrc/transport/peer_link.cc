@@ -8,9 +8,11 @@
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 
 #include "transport/auth.h"
 #include "transport/channel_options.h"
@@ -100,6 +102,12 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
     return done_ || writes_ended_;
   }
 
+  void notify_end(std::function<void()> on_end) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    on_end_ = std::move(on_end);
+    if (done_ || writes_ended_) announce_end();
+  }
+
   void begin_close() override {
     bool send_writes_done = false;
     {
@@ -145,7 +153,7 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
       std::lock_guard<std::mutex> lock(mutex_);
       in_flight_.Clear();
       // A failed write ends the stream; OnDone reports why.
-      writes_ended_ = writes_ended_ || !ok;
+      if (!ok) end_writes_locked();
       if (writes_ended_ || queue_.empty()) {
         writing_ = false;
         if (writes_ended_) {
@@ -183,6 +191,7 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
     }
     std::lock_guard<std::mutex> lock(mutex_);
     done_ = true;
+    announce_end();
     cv_.notify_all();
   }
 
@@ -264,10 +273,20 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
     bool remove_hold = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      writes_ended_ = true;
+      end_writes_locked();
       remove_hold = !writing_ && take_hold();
     }
     if (remove_hold) RemoveHold();
+  }
+
+  void end_writes_locked() {
+    writes_ended_ = true;
+    announce_end();
+  }
+
+  // The caller holds mutex_, and the stream has ended.
+  void announce_end() {
+    if (on_end_) std::exchange(on_end_, nullptr)();
   }
 
   void fail_handshake(const std::string& error, bool retryable) {
@@ -301,6 +320,7 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   bool writes_ended_ = false;  // the call is ending: no write may start
   bool hold_taken_ = false;    // someone has removed, or is about to remove, the hold
   bool done_ = false;
+  std::function<void()> on_end_;  // see FrameStream::notify_end
 };
 
 PeerLink::PeerLink(const std::string& target, const LinkIdentity& identity, const TransportConfig& config,

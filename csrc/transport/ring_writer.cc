@@ -8,11 +8,6 @@
 namespace tgpg {
 namespace {
 
-// How long one wait for a slot or record sleeps at most. A release or an
-// interrupt ends it sooner; the bound is only how late a stream that ended on
-// its own is noticed.
-constexpr std::chrono::milliseconds kReleaseWaitSlice{50};
-
 void release_payload(std::function<void()>& release) {
   if (release) std::exchange(release, nullptr)();
 }
@@ -20,10 +15,17 @@ void release_payload(std::function<void()>& release) {
 }  // namespace
 
 RingWriter::RingWriter(std::unique_ptr<SendRing> ring, FrameStream& stream, SentCounter count_sent)
-    : ring_(std::move(ring)), stream_(stream), count_sent_(std::move(count_sent)), thread_([this] { run(); }) {}
+    : ring_(std::move(ring)), stream_(stream), count_sent_(std::move(count_sent)), thread_([this] { run(); }) {
+  // A stream that ends while the thread sleeps for room (the peer went away)
+  // must end the sleep, which nothing else would: the receiver gives no room back.
+  stream_.notify_end([ring = ring_.get()] { ring->interrupt(); });
+}
 
-// A deadline already past: whatever is still queued is dropped at once.
-RingWriter::~RingWriter() { wait_closed(Clock::now()); }
+RingWriter::~RingWriter() {
+  // A deadline already past: whatever is still queued is dropped at once.
+  wait_closed(Clock::now());
+  stream_.notify_end(nullptr);
+}
 
 bool RingWriter::needs_slot(ByteView payload) const {
   // The mapping only ever goes from absent to present, so a frame judged
@@ -37,9 +39,11 @@ bool RingWriter::wait_for_room(uint32_t seen) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (give_up_) return false;
   }
-  ring_->wait_for_release(seen, kReleaseWaitSlice);
+  ring_->wait_for_release(seen);
   return true;
 }
+
+RingWriter::Outcome RingWriter::given_up() const { return stream_.ended() ? Outcome::Broken : Outcome::Dropped; }
 
 bool RingWriter::send(const FrameHeader& header, ByteView payload, std::function<void()> release) {
   std::deque<Pending> dropped;
@@ -82,7 +86,7 @@ RingWriter::Outcome RingWriter::post_record(const std::string& record, bool may_
     const uint32_t seen = ring_->releases();
     if (ring_->post(record)) return Outcome::Sent;
     if (!may_wait) return Outcome::WouldWait;
-    if (!wait_for_room(seen)) return Outcome::Dropped;
+    if (!wait_for_room(seen)) return given_up();
   }
 }
 
@@ -122,7 +126,7 @@ RingWriter::Outcome RingWriter::transmit(Pending& item, bool may_wait) {
     }
     if (!wait_for_room(seen)) {
       release_payload(item.release);
-      return Outcome::Dropped;
+      return given_up();
     }
   }
 }

@@ -26,6 +26,11 @@ class FrameStream {
   virtual bool write(grpc::ByteBuffer frame) = 0;
   virtual bool ended() const = 0;
   virtual void begin_close() = 0;
+  // Runs `on_end` once, as the stream ends, or at once if it has ended: a
+  // thread that sleeps until the receiver gives room back hears of it then.
+  // It runs on whichever thread ends the stream, under the stream's lock, so
+  // it must only wake. Null removes it; once that returns it is not running.
+  virtual void notify_end(std::function<void()> on_end) = 0;
 };
 
 // Sends one same-host link's frames once the link has a shared ring. Until the
@@ -75,7 +80,7 @@ class RingWriter {
     Sent,       // on the stream or in the ring; the payload is released
     WouldWait,  // only without may_wait: nothing was done, the item is intact
     Dropped,    // given up (abort, close past its deadline, stream ended); released
-    Broken,     // a write to the stream failed; released
+    Broken,     // the stream ended (a write failed, or the peer went away); released
   };
 
   void run();
@@ -87,10 +92,13 @@ class RingWriter {
   Outcome transmit(Pending& item, bool may_wait);
   // Appends `record`, waiting for a free one if `may_wait`.
   Outcome post_record(const std::string& record, bool may_wait);
-  // Waits for the receiver to give a slot or record back after `seen`
+  // Sleeps until the receiver gives a slot or record back after `seen`
   // releases (SendRing::releases). False, at once, when the wait is given up:
-  // an abort, a close past its deadline, or the stream's end.
+  // an abort, a close past its deadline, or the stream's end, each of which
+  // interrupts the ring, so that a sleep that has begun ends too.
   bool wait_for_room(uint32_t seen);
+  // Why a wait for room was given up.
+  Outcome given_up() const;
 
   std::unique_ptr<SendRing> ring_;
   FrameStream& stream_;

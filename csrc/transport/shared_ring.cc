@@ -79,10 +79,11 @@ timespec to_timespec(std::chrono::milliseconds span) {
 // processes map, and the kernel matches waiter and waker by the file's page.
 // std::atomic<uint32_t> is a plain 32-bit word (static_assert above), which is
 // what a futex is.
-void futex_wait(std::atomic<uint32_t>& word, uint32_t expected, std::chrono::milliseconds at_most) {
-  const timespec timeout = to_timespec(at_most);
+void futex_wait(std::atomic<uint32_t>& word, uint32_t expected, std::optional<std::chrono::milliseconds> at_most) {
+  const std::optional<timespec> timeout = at_most ? std::optional(to_timespec(*at_most)) : std::nullopt;
   // EAGAIN (the word moved on), EINTR and ETIMEDOUT all mean: look again.
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT, expected, &timeout, nullptr, 0);
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT, expected, timeout ? &*timeout : nullptr,
+            nullptr, 0);
 }
 
 // `wake` is FUTEX_WAKE for a word in a ring's file, FUTEX_WAKE_PRIVATE for one
@@ -139,7 +140,7 @@ timespec monotonic_deadline(std::chrono::milliseconds after) {
 // side sees the flag and wakes it. A move between the look and the sleep makes
 // the futex return at once.
 void sleep_while_unmoved(std::atomic<uint32_t>& word, uint32_t seen, std::atomic<uint32_t>& waiting,
-                         std::chrono::milliseconds at_most) {
+                         std::optional<std::chrono::milliseconds> at_most) {
   waiting.store(1, std::memory_order_seq_cst);
   if (word.load(std::memory_order_seq_cst) == seen) futex_wait(word, seen, at_most);
   waiting.store(0, std::memory_order_relaxed);
@@ -270,7 +271,7 @@ bool SendRing::post(const std::string& record) {
 
 uint32_t SendRing::releases() const { return mapping_->header().released.load(std::memory_order_seq_cst); }
 
-void SendRing::wait_for_release(uint32_t seen, std::chrono::milliseconds at_most) {
+void SendRing::wait_for_release(uint32_t seen, std::optional<std::chrono::milliseconds> at_most) {
   // An interrupt that comes after this look moves the count on.
   if (interrupted_.load()) return;
   RingHeader& header = mapping_->header();

@@ -107,10 +107,10 @@ class SendRing {
   uint32_t releases() const;
 
   // Blocks until the count of releases moves past `seen`, interrupt() is
-  // called, or `at_most` passes. The receiver wakes the sender through a
-  // futex in the file only while the sender says it waits, so a ring that
-  // keeps up costs no system call.
-  void wait_for_release(uint32_t seen, std::chrono::milliseconds at_most);
+  // called, or `at_most` passes (if given). The receiver wakes the sender
+  // through a futex in the file only while the sender says it waits, so a
+  // ring that keeps up costs no system call.
+  void wait_for_release(uint32_t seen, std::optional<std::chrono::milliseconds> at_most = std::nullopt);
 
   // Ends the current and every later wait_for_release() at once.
   void interrupt();

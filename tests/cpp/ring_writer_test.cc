@@ -1,16 +1,22 @@
 // RingWriter with RingReader: a link's frames keep their order whether they go
 // on the stream, in a record, or in a record naming a slot; the switch to the
 // records comes first; a payload waits for a slot rather than going on the
-// stream when the receiver holds every slot; an abort overtakes queued data on
-// the stream; closing drains what is queued, and gives up at its deadline.
+// stream when the receiver holds every slot, and sleeps until one comes back or
+// the stream ends; an abort overtakes queued data on the stream; closing drains
+// what is queued, and gives up at its deadline.
 
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "algorithms/collective_error.h"
@@ -33,6 +39,22 @@ std::vector<std::byte> pattern(size_t n, int seed) {
   std::vector<std::byte> bytes(n);
   for (size_t i = 0; i < n; ++i) bytes[i] = static_cast<std::byte>((i * 131 + seed) & 0xff);
   return bytes;
+}
+
+// Voluntary context switches so far of this process's thread named `name`,
+// or -1 if none is running: each is a sleep that ended.
+long voluntary_switches_of(const std::string& name) {
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string got;
+    if (!std::getline(comm, got) || got != name) continue;
+    std::ifstream status(task.path() / "status");
+    const std::string key = "voluntary_ctxt_switches:";
+    for (std::string line; std::getline(status, line);) {
+      if (line.compare(0, key.size(), key) == 0) return std::stol(line.substr(key.size()));
+    }
+  }
+  return -1;
 }
 
 tgpg::FrameHeader data_header(uint64_t offset) {
@@ -81,6 +103,18 @@ class RecordingStream : public tgpg::FrameStream {
   }
   bool ended() const override { return ended_; }
   void begin_close() override { closed_ = true; }
+  void notify_end(std::function<void()> on_end) override {
+    std::lock_guard<std::mutex> lock(end_mutex_);
+    on_end_ = std::move(on_end);
+    if (ended_ && on_end_) std::exchange(on_end_, nullptr)();
+  }
+
+  // The peer went away: writes fail from now on.
+  void end() {
+    std::lock_guard<std::mutex> lock(end_mutex_);
+    ended_ = true;
+    if (on_end_) std::exchange(on_end_, nullptr)();
+  }
 
   // Slots stay held by the received frames until give_back().
   void hold_slots(bool hold) { hold_ = hold; }
@@ -140,6 +174,8 @@ class RecordingStream : public tgpg::FrameStream {
   std::atomic<bool> hold_{false};
   std::atomic<bool> ended_{false};
   std::atomic<bool> closed_{false};
+  std::mutex end_mutex_;
+  std::function<void()> on_end_;
   std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<Received> received_;
@@ -290,6 +326,37 @@ TEST(RingWriter, ClosingGivesUpAtItsDeadline) {
   EXPECT_EQ(link.stream.count(), 1u);
   EXPECT_TRUE(link.stream.closed());
   EXPECT_EQ(link.released.load(), 3u);
+}
+
+TEST(RingWriter, AWriterWaitingForRoomSleepsUntilTheReceiverGivesSomeBack) {
+  Link link(/*slots=*/1);
+  const auto payload = pattern(kBig, 5);
+  ASSERT_TRUE(link.stall(2, payload));
+  std::this_thread::sleep_for(milliseconds(100));  // the second payload's wait begins
+  const long before = voluntary_switches_of("tgpg-ring-write");
+  ASSERT_GE(before, 0) << "no thread named tgpg-ring-write";
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  // A writer that looked again every 50 ms would have woken about 20 times.
+  EXPECT_LE(voluntary_switches_of("tgpg-ring-write") - before, 2);
+
+  link.stream.hold_slots(false);
+  link.stream.give_back();
+  EXPECT_TRUE(link.stream.wait_for(2)) << "giving the slot back must wake the writer";
+  EXPECT_EQ(link.released.load(), 2u);
+}
+
+TEST(RingWriter, AStreamThatEndsWhileTheWriterWaitsForRoomDropsWhatIsQueued) {
+  Link link(/*slots=*/1);
+  const auto payload = pattern(kBig, 6);
+  ASSERT_TRUE(link.stall(3, payload));
+  std::this_thread::sleep_for(milliseconds(100));  // the second payload's wait begins
+  // The receiver still holds its slot, so only the stream's end can end the wait.
+  link.stream.end();
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (link.released.load() < 3 && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(1));
+  EXPECT_EQ(link.released.load(), 3u) << "the writer slept through the stream's end";
+  EXPECT_EQ(link.stream.count(), 1u);
+  EXPECT_FALSE(link.send(9, payload)) << "a writer whose stream ended takes no new frames";
 }
 
 TEST(RingWriter, AnUnmappedRingSendsPayloadsInline) {
