@@ -6,19 +6,31 @@ namespace tgpg {
 
 size_t element_size(DType dtype) {
   switch (dtype) {
+    case DType::Complex128:
+      return 16;
     case DType::Float64:
     case DType::Int64:
+    case DType::UInt64:
+    case DType::Complex64:
       return 8;
     case DType::Float32:
     case DType::Int32:
+    case DType::UInt32:
+    case DType::Complex32:
       return 4;
     case DType::Float16:
     case DType::BFloat16:
     case DType::Int16:
+    case DType::UInt16:
       return 2;
     case DType::Int8:
     case DType::UInt8:
     case DType::Bool:
+    case DType::Float8E4M3FN:
+    case DType::Float8E5M2:
+    case DType::Float8E4M3FNUZ:
+    case DType::Float8E5M2FNUZ:
+    case DType::Float8E8M0FNU:
       return 1;
   }
   return 0;
@@ -36,6 +48,17 @@ const char* dtype_name(DType dtype) {
     case DType::Int64: return "int64";
     case DType::UInt8: return "uint8";
     case DType::Bool: return "bool";
+    case DType::UInt16: return "uint16";
+    case DType::UInt32: return "uint32";
+    case DType::UInt64: return "uint64";
+    case DType::Float8E4M3FN: return "float8_e4m3fn";
+    case DType::Float8E5M2: return "float8_e5m2";
+    case DType::Float8E4M3FNUZ: return "float8_e4m3fnuz";
+    case DType::Float8E5M2FNUZ: return "float8_e5m2fnuz";
+    case DType::Float8E8M0FNU: return "float8_e8m0fnu";
+    case DType::Complex32: return "complex32";
+    case DType::Complex64: return "complex64";
+    case DType::Complex128: return "complex128";
   }
   return "unknown dtype";
 }
@@ -43,6 +66,35 @@ const char* dtype_name(DType dtype) {
 bool is_floating(DType dtype) {
   return dtype == DType::Float32 || dtype == DType::Float64 || dtype == DType::Float16 ||
          dtype == DType::BFloat16;
+}
+
+bool is_reducible(DType dtype) {
+  switch (dtype) {
+    case DType::Float32:
+    case DType::Float64:
+    case DType::Float16:
+    case DType::BFloat16:
+    case DType::Int8:
+    case DType::Int16:
+    case DType::Int32:
+    case DType::Int64:
+    case DType::UInt8:
+    case DType::UInt16:
+    case DType::UInt32:
+    case DType::UInt64:
+    case DType::Bool:
+      return true;
+    case DType::Float8E4M3FN:
+    case DType::Float8E5M2:
+    case DType::Float8E4M3FNUZ:
+    case DType::Float8E5M2FNUZ:
+    case DType::Float8E8M0FNU:
+    case DType::Complex32:
+    case DType::Complex64:
+    case DType::Complex128:
+      return false;
+  }
+  return false;
 }
 
 const char* reduce_op_name(ReduceOp op) {

@@ -7,7 +7,8 @@
 
 namespace tgpg {
 
-// Whether `op` is defined for `dtype` (bitwise ops need integers or bool).
+// Whether `op` is defined for `dtype` (a reducible dtype; bitwise ops need
+// integers or bool).
 bool reduction_supported(DType dtype, ReduceOp op);
 
 // dst[i] = op(dst[i], src[i]) for `count` elements. `dst` is element-aligned;

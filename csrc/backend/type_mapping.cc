@@ -18,15 +18,31 @@ DType to_dtype(at::ScalarType type, const std::string& where) {
     case at::kLong: return DType::Int64;
     case at::kByte: return DType::UInt8;
     case at::kBool: return DType::Bool;
+    case at::kUInt16: return DType::UInt16;
+    case at::kUInt32: return DType::UInt32;
+    case at::kUInt64: return DType::UInt64;
+    case at::kFloat8_e4m3fn: return DType::Float8E4M3FN;
+    case at::kFloat8_e5m2: return DType::Float8E5M2;
+    case at::kFloat8_e4m3fnuz: return DType::Float8E4M3FNUZ;
+    case at::kFloat8_e5m2fnuz: return DType::Float8E5M2FNUZ;
+    case at::kFloat8_e8m0fnu: return DType::Float8E8M0FNU;
+    case at::kComplexHalf: return DType::Complex32;
+    case at::kComplexFloat: return DType::Complex64;
+    case at::kComplexDouble: return DType::Complex128;
     default:
       TORCH_CHECK(false, where, ": dtype ", c10::toString(type),
-                  " is not supported by the grpc backend. Supported: float32, float64, float16, "
-                  "bfloat16, int8, int16, int32, int64, uint8, bool.",
-                  c10::isComplexType(type) ? " For complex tensors, pass torch.view_as_real(t) with SUM." : "");
+                  " is not supported by the grpc backend. Supported: float32, float64, float16, bfloat16, int8, "
+                  "int16, int32, int64, uint8, uint16, uint32, uint64 and bool; also, to be moved but not "
+                  "reduced, the float8 types and complex32, complex64 and complex128.");
   }
 }
 
 Reduction to_reduction(const c10d::ReduceOp& op, DType dtype, const std::string& where) {
+  const bool complex = dtype == DType::Complex32 || dtype == DType::Complex64 || dtype == DType::Complex128;
+  TORCH_CHECK(is_reducible(dtype), where, ": the grpc backend moves ", dtype_name(dtype),
+              " tensors (broadcast, gathers, scatter, all-to-all, send and receive) but does not reduce them. ",
+              complex ? "Reduce torch.view_as_real(t) with SUM or AVG instead."
+                      : "Cast to bfloat16 or float32 before reducing, and back after.");
   Reduction r{ReduceOp::Sum, false};
   switch (op.op_) {
     case c10d::ReduceOp::SUM: r.op = ReduceOp::Sum; break;

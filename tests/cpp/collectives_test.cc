@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <set>
 #include <thread>
@@ -32,7 +33,9 @@ struct ReductionCase {
 };
 
 // Every op on float32 and int64, the ops that half precision supports, and
-// narrow integers, so that element sizes 1, 2, 4 and 8 all occur.
+// narrow integers, so that element sizes 1, 2, 4 and 8 all occur; unsigned
+// ones where signedness matters (MIN, MAX) or a narrow product could overflow
+// an int.
 const std::vector<ReductionCase>& reduction_cases() {
   static const std::vector<ReductionCase> cases = {
       {DType::Float32, ReduceOp::Sum},      {DType::Float32, ReduceOp::Product},
@@ -46,13 +49,15 @@ const std::vector<ReductionCase>& reduction_cases() {
       {DType::Float16, ReduceOp::Max},      {DType::BFloat16, ReduceOp::Sum},
       {DType::BFloat16, ReduceOp::Product}, {DType::BFloat16, ReduceOp::Min},
       {DType::BFloat16, ReduceOp::Max},     {DType::Int32, ReduceOp::Sum},
-      {DType::UInt8, ReduceOp::Max},
+      {DType::UInt8, ReduceOp::Max},        {DType::UInt16, ReduceOp::Product},
+      {DType::UInt32, ReduceOp::Min},       {DType::UInt64, ReduceOp::Max},
+      {DType::UInt64, ReduceOp::Min},       {DType::UInt64, ReduceOp::Sum},
   };
   return cases;
 }
 
-// Collectives that only move data care about the element size alone.
-const DType kMoveDtypes[] = {DType::Float32, DType::Int64, DType::Float16, DType::UInt8};
+// Collectives that only move data care about the element size alone; complex128's is 16.
+const DType kMoveDtypes[] = {DType::Float32, DType::Int64, DType::Float16, DType::UInt8, DType::Complex128};
 
 // One element, fewer elements than ranks, and sizes that divide neither by
 // the world size nor by the chunk sizes used here. Empty buffers have tests
@@ -209,7 +214,7 @@ void Collectives::check_broadcast(size_t direct_max_bytes) {
   size_t case_index = 0;
   for (int root = 0; root < world(); ++root) {
     for (uint64_t count : counts_for(world())) {
-      const DType dtype = kMoveDtypes[case_index++ % 4];
+      const DType dtype = kMoveDtypes[case_index++ % std::size(kMoveDtypes)];
       Call c = call(OpType::Broadcast, dtype, count);
       c.root = static_cast<uint32_t>(root);
       SCOPED_TRACE(describe(c));
@@ -281,7 +286,7 @@ TEST_P(Collectives, GatherToEveryRoot) {
   size_t case_index = 0;
   for (int root = 0; root < world(); ++root) {
     for (uint64_t count : counts_for(world())) {
-      const DType dtype = kMoveDtypes[case_index++ % 4];
+      const DType dtype = kMoveDtypes[case_index++ % std::size(kMoveDtypes)];
       Call c = call(OpType::Gather, dtype, count);
       c.root = static_cast<uint32_t>(root);
       SCOPED_TRACE(describe(c));
@@ -306,7 +311,7 @@ TEST_P(Collectives, ScatterFromEveryRoot) {
   size_t case_index = 0;
   for (int root = 0; root < world(); ++root) {
     for (uint64_t count : counts_for(world())) {
-      const DType dtype = kMoveDtypes[case_index++ % 4];
+      const DType dtype = kMoveDtypes[case_index++ % std::size(kMoveDtypes)];
       Call c = call(OpType::Scatter, dtype, count);
       c.root = static_cast<uint32_t>(root);
       SCOPED_TRACE(describe(c));

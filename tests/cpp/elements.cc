@@ -102,6 +102,9 @@ int64_t load_integer(tgpg::DType dtype, const std::byte* p) {
     case tgpg::DType::Int32: return load<int32_t>(p);
     case tgpg::DType::Int64: return load<int64_t>(p);
     case tgpg::DType::UInt8: return load<uint8_t>(p);
+    case tgpg::DType::UInt16: return load<uint16_t>(p);
+    case tgpg::DType::UInt32: return load<uint32_t>(p);
+    case tgpg::DType::UInt64: return static_cast<int64_t>(load<uint64_t>(p));
     default: throw std::logic_error("load_integer of a non-integer dtype");
   }
 }
@@ -111,9 +114,12 @@ void store_integer(tgpg::DType dtype, int64_t value, std::byte* p) {
   switch (dtype) {
     case tgpg::DType::Int8:
     case tgpg::DType::UInt8: return store<uint8_t>(static_cast<uint8_t>(bits), p);
-    case tgpg::DType::Int16: return store<uint16_t>(static_cast<uint16_t>(bits), p);
-    case tgpg::DType::Int32: return store<uint32_t>(static_cast<uint32_t>(bits), p);
-    case tgpg::DType::Int64: return store<uint64_t>(bits, p);
+    case tgpg::DType::Int16:
+    case tgpg::DType::UInt16: return store<uint16_t>(static_cast<uint16_t>(bits), p);
+    case tgpg::DType::Int32:
+    case tgpg::DType::UInt32: return store<uint32_t>(static_cast<uint32_t>(bits), p);
+    case tgpg::DType::Int64:
+    case tgpg::DType::UInt64: return store<uint64_t>(bits, p);
     default: throw std::logic_error("store_integer of a non-integer dtype");
   }
 }

@@ -32,15 +32,17 @@ double combine_floating(tgpg::ReduceOp op, double a, double b) {
 }
 
 // In uint64_t, where overflow wraps; store_integer then keeps the low bits,
-// which is where wrap-around in a narrower type leaves them as well.
-int64_t combine_integer(tgpg::ReduceOp op, int64_t a, int64_t b) {
+// which is where wrap-around in a narrower type leaves them as well. uint64
+// values arrive as bit patterns (load_integer), so they compare unsigned.
+int64_t combine_integer(tgpg::DType dtype, tgpg::ReduceOp op, int64_t a, int64_t b) {
   const auto ua = static_cast<uint64_t>(a);
   const auto ub = static_cast<uint64_t>(b);
+  const bool unsigned64 = dtype == tgpg::DType::UInt64;
   switch (op) {
     case tgpg::ReduceOp::Sum: return static_cast<int64_t>(ua + ub);
     case tgpg::ReduceOp::Product: return static_cast<int64_t>(ua * ub);
-    case tgpg::ReduceOp::Min: return std::min(a, b);
-    case tgpg::ReduceOp::Max: return std::max(a, b);
+    case tgpg::ReduceOp::Min: return unsigned64 ? static_cast<int64_t>(std::min(ua, ub)) : std::min(a, b);
+    case tgpg::ReduceOp::Max: return unsigned64 ? static_cast<int64_t>(std::max(ua, ub)) : std::max(a, b);
     case tgpg::ReduceOp::BitAnd: return static_cast<int64_t>(ua & ub);
     case tgpg::ReduceOp::BitOr: return static_cast<int64_t>(ua | ub);
     case tgpg::ReduceOp::BitXor: return static_cast<int64_t>(ua ^ ub);
@@ -84,7 +86,7 @@ std::vector<std::byte> make_bytes(uint64_t seed, size_t size) {
     const size_t at = i * size;
     if (!tgpg::is_floating(dtype)) {
       int64_t expected = load_integer(dtype, inputs[0] + at);
-      for (size_t r = 1; r < inputs.size(); ++r) expected = combine_integer(op, expected, load_integer(dtype, inputs[r] + at));
+      for (size_t r = 1; r < inputs.size(); ++r) expected = combine_integer(dtype, op, expected, load_integer(dtype, inputs[r] + at));
       std::byte narrowed[8];
       store_integer(dtype, expected, narrowed);
       expected = load_integer(dtype, narrowed);
