@@ -212,6 +212,10 @@ def _unsupported_input(ctx: RankContext, kind: str) -> tuple[Outcome | None, boo
                 backend.allreduce([torch.ones(4, dtype=torch.complex64)], opts).wait()
             elif kind == "sparse":
                 dist.all_reduce(torch.ones(4).to_sparse())
+            elif kind in EXPANDED_OUTPUT_CALLS:
+                # Four elements on one float of memory: the op cannot write its
+                # results into it (torch's copy_ would refuse after the op ran).
+                EXPANDED_OUTPUT_CALLS[kind][1](torch.zeros(1).expand(4))
             else:
                 raise ValueError(kind)
             error: Exception | None = None
@@ -233,13 +237,44 @@ def _unsupported_input(ctx: RankContext, kind: str) -> tuple[Outcome | None, boo
     return outcome, still_works
 
 
-@pytest.mark.parametrize("kind", ["complex_max", "sparse"])
+# Calls whose output is an expanded view, made by rank 0 alone in a world of
+# two: the op the message must name (letters only, see _names_op), and the call.
+EXPANDED_OUTPUT_CALLS: dict[str, tuple[str, Callable[[torch.Tensor], object]]] = {
+    "expanded_all_reduce": ("allreduce", lambda t: dist.all_reduce(t)),
+    "expanded_broadcast_to_it": ("broadcast", lambda t: dist.broadcast(t, src=1)),
+    "expanded_all_gather_output": (
+        "allgather",
+        lambda t: dist.all_gather([t, torch.zeros(4)], torch.ones(4)),
+    ),
+    "expanded_all_gather_into_tensor": (
+        "allgatherintotensor",
+        lambda t: dist.all_gather_into_tensor(t, torch.ones(2)),
+    ),
+    "expanded_reduce_scatter_tensor": (
+        "reducescattertensor",
+        lambda t: dist.reduce_scatter_tensor(t, torch.ones(8)),
+    ),
+    "expanded_all_to_all_single": (
+        "alltoallbase",
+        lambda t: dist.all_to_all_single(t, torch.ones(4)),
+    ),
+    "expanded_scatter": ("scatter", lambda t: dist.scatter(t, src=1)),
+    "expanded_recv": ("recv", lambda t: dist.recv(t, src=1)),
+}
+
+
+@pytest.mark.parametrize("kind", ["complex_max", "sparse", *EXPANDED_OUTPUT_CALLS])
 def test_unsupported_input_raises_at_the_call(kind: str) -> None:
     results = run_ranks(_unsupported_input, 2, kind, timeout_s=120)
     outcome, _ = results[0].value
     assert outcome is not None
+    op = (
+        EXPANDED_OUTPUT_CALLS[kind][0] if kind in EXPANDED_OUTPUT_CALLS else "allreduce"
+    )
     # Local validation: no waiting on a peer, which makes no call at all here.
-    _assert_failed(outcome, "allreduce", [0], within_s=2.0)
+    _assert_failed(outcome, op, [0], within_s=2.0)
+    if kind in EXPANDED_OUTPUT_CALLS:
+        assert "share memory" in outcome.message, outcome.message
     for res in results:
         assert res.value[1], (
             f"rank {res.rank}: the group was broken by the rejected call"

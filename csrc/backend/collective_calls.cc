@@ -17,7 +17,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allreduce(std::vector<at::Tenso
   TORCH_CHECK(tensors.size() == 1, where, ": expected one tensor, got ", tensors.size(),
               "; use all_reduce_coalesced for several.");
   const at::Tensor& tensor = tensors[0];
-  check_dense(tensor, where);
+  check_output(tensor, where);
   const DType dtype = to_dtype(tensor.scalar_type(), where);
   const Reduction reduction = to_reduction(opts.reduceOp, dtype, where);
   auto stage = std::make_shared<HostStage>(tensor, /*copy_in=*/true);
@@ -39,7 +39,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allreduce_coalesced(
   const std::string where = this->where("allreduce_coalesced");
   TORCH_CHECK(!tensors.empty(), where, ": expected at least one tensor.");
   for (const auto& t : tensors) {
-    check_dense(t, where);
+    check_output(t, where);
     TORCH_CHECK(t.scalar_type() == tensors[0].scalar_type() && t.device() == tensors[0].device(), where,
                 ": all tensors must share one dtype and device; got ", tensors[0].scalar_type(), " on ",
                 tensors[0].device(), " and ", t.scalar_type(), " on ", t.device(), ".");
@@ -74,7 +74,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::broadcast(std::vector<at::Tenso
   TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < size_, where, ": root rank ", opts.rootRank,
               " is not in [0, ", size_, ").");
   const at::Tensor& tensor = tensors[0];
-  check_dense(tensor, where);
+  // Only the other ranks write into it.
+  if (rank_ == opts.rootRank) check_dense(tensor, where);
+  else check_output(tensor, where);
   const DType dtype = to_dtype(tensor.scalar_type(), where);
   const auto root = static_cast<uint32_t>(opts.rootRank);
   auto stage = std::make_shared<HostStage>(tensor, /*copy_in=*/rank_ == opts.rootRank);
@@ -102,7 +104,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allgather(std::vector<std::vect
   TORCH_CHECK(static_cast<int>(outs.size()) == size_, where, ": expected ", size_, " output tensors, got ",
               outs.size(), ".");
   for (const auto& o : outs) {
-    check_dense(o, where);
+    check_output(o, where);
     check_same_kind(input, o, where, "output tensor");
   }
   const DType dtype = to_dtype(input.scalar_type(), where);
@@ -125,7 +127,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::_allgather_base(at::Tensor& out
                                                                  const c10d::AllgatherOptions& opts) {
   const std::string where = this->where("allgather_into_tensor");
   check_dense(input, where);
-  check_dense(output, where);
+  check_output(output, where);
   TORCH_CHECK(output.scalar_type() == input.scalar_type(), where, ": output dtype ", output.scalar_type(),
               " differs from input dtype ", input.scalar_type(), ".");
   TORCH_CHECK(output.numel() == size_ * input.numel(), where, ": output must have world_size * ",

@@ -78,6 +78,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::recv(std::vector<at::Tensor>& t
   const std::string where = this->where("recv") + " from rank " + std::to_string(src_rank);
   check_peer(src_rank, where, "source");
   const at::Tensor& tensor = single_tensor(tensors, where);
+  check_output(tensor, where);
   to_dtype(tensor.scalar_type(), where);
   auto stage = std::make_shared<HostStage>(tensor, /*copy_in=*/false);
   auto work = c10::make_intrusive<GrpcWork>(rank_, c10d::OpType::RECV, "grpc:recv", std::vector<at::Tensor>{}, tensors);
@@ -93,6 +94,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::recvAnysource(std::vector<at::T
   const std::string where = this->where("recv") + " from any source";
   TORCH_CHECK(size_ > 1, where, ": a group of one rank has no other rank to receive from.");
   const at::Tensor& tensor = single_tensor(tensors, where);
+  check_output(tensor, where);
   to_dtype(tensor.scalar_type(), where);
   auto stage = std::make_shared<HostStage>(tensor, /*copy_in=*/false);
   auto work = c10::make_intrusive<GrpcWork>(rank_, c10d::OpType::RECVANYSOURCE, "grpc:recv_anysource",

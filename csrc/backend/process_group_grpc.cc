@@ -339,8 +339,13 @@ OpQueue::Finish ProcessGroupGrpc::run_job(GroupTransport& transport, const c10::
     } else {
       body(seq, timeout);
     }
+  } catch (const CollectiveError& e) {
+    error = e.what();  // names the op, its number and the ranks
   } catch (const std::exception& e) {
-    error = message_of(e);
+    // Anything else (copying the result into the caller's tensor, memory)
+    // knows nothing of the op, which the message must still name.
+    error = std::string(title) + " #" + std::to_string(seq) + " on rank " + std::to_string(rank_) +
+            " failed: " + message_of(e);
   } catch (...) {
     error = std::string(title) + " #" + std::to_string(seq) + " on rank " + std::to_string(rank_) +
             " failed with an exception of unknown type";

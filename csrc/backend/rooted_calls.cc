@@ -38,10 +38,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::reduce(std::vector<at::Tensor>&
   TORCH_CHECK(tensors.size() == 1, where, ": expected one tensor, got ", tensors.size(), ".");
   check_root(opts.rootRank, where);
   const at::Tensor& tensor = tensors[0];
-  check_dense(tensor, where);
+  const bool is_root = opts.rootRank == rank_;
+  if (is_root) check_output(tensor, where);
+  else check_dense(tensor, where);
   const DType dtype = to_dtype(tensor.scalar_type(), where);
   const Reduction reduction = to_reduction(opts.reduceOp, dtype, where);
-  const bool is_root = opts.rootRank == rank_;
   // Only the root's tensor may change: the others reduce a private copy.
   auto stage = std::make_shared<HostStage>(tensor, /*copy_in=*/true);
   const auto root = static_cast<uint32_t>(opts.rootRank);
@@ -74,7 +75,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::gather(std::vector<std::vector<
     TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_, where,
                 ": the root needs a list of ", size_, " output tensors.");
     outs = outputs[0];
-    for (const auto& o : outs) check_same_kind(input, o, where, "output tensor");
+    for (const auto& o : outs) {
+      check_output(o, where);
+      check_same_kind(input, o, where, "output tensor");
+    }
   } else {
     TORCH_CHECK(outputs.empty() || outputs[0].empty(), where, ": only the root rank takes output tensors.");
   }
@@ -101,7 +105,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::scatter(std::vector<at::Tensor>
   check_root(opts.rootRank, where);
   TORCH_CHECK(outputs.size() == 1, where, ": expected one output tensor, got ", outputs.size(), ".");
   const at::Tensor& output = outputs[0];
-  check_dense(output, where);
+  check_output(output, where);
   const bool is_root = opts.rootRank == rank_;
   at::Tensor packed;
   if (is_root) {
@@ -135,7 +139,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::reduce_scatter(std::vector<at::
   const std::string where = this->where("reduce_scatter");
   TORCH_CHECK(outputs.size() == 1 && inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_, where,
               ": expected one output tensor and a list of ", size_, " input tensors.");
-  check_dense(outputs[0], where);
+  check_output(outputs[0], where);
   for (const auto& t : inputs[0]) {
     check_dense(t, where);
     check_same_kind(outputs[0], t, where, "input tensor");
@@ -146,7 +150,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::reduce_scatter(std::vector<at::
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                       const c10d::ReduceScatterOptions& opts) {
   const std::string where = this->where("reduce_scatter_tensor");
-  check_dense(output, where);
+  check_output(output, where);
   check_dense(input, where);
   TORCH_CHECK(input.scalar_type() == output.scalar_type(), where, ": input dtype ", input.scalar_type(),
               " differs from output dtype ", output.scalar_type(), ".");
@@ -237,7 +241,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::alltoall_base(at::Tensor& outpu
                                                                const c10d::AllToAllOptions& opts) {
   const std::string where = this->where("alltoall_base");
   check_dense(input, where);
-  check_dense(output, where);
+  check_output(output, where);
   TORCH_CHECK(input.scalar_type() == output.scalar_type(), where, ": input dtype ", input.scalar_type(),
               " differs from output dtype ", output.scalar_type(), ".");
   const auto rows = [](const at::Tensor& t) { return t.dim() == 0 ? int64_t{1} : t.size(0); };
@@ -260,7 +264,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::alltoall(std::vector<at::Tensor
               ": expected ", size_, " input and ", size_, " output tensors.");
   for (size_t i = 0; i < inputs.size(); ++i) {
     check_dense(inputs[i], where);
-    check_dense(outputs[i], where);
+    check_output(outputs[i], where);
     TORCH_CHECK(inputs[i].scalar_type() == inputs[0].scalar_type() &&
                     outputs[i].scalar_type() == inputs[0].scalar_type(),
                 where, ": every input and output tensor must have one dtype; got ", inputs[0].scalar_type(), " and ",

@@ -1,5 +1,6 @@
 #include "backend/tensor_checks.h"
 
+#include <ATen/MemoryOverlap.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 
@@ -12,6 +13,14 @@ std::shared_ptr<void> keep_alive(std::vector<at::Tensor> tensors) {
 void check_dense(const at::Tensor& t, const std::string& where) {
   TORCH_CHECK(t.layout() == at::kStrided, where,
               ": sparse tensors are not supported by the grpc backend; call .to_dense() first.");
+}
+
+void check_output(const at::Tensor& t, const std::string& where) {
+  check_dense(t, where);
+  TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, where,
+              ": the output tensor has elements that share memory (an expanded view, such as "
+              "torch.zeros(1).expand(4)), so results cannot be written into it. Pass a tensor whose elements "
+              "have memory of their own, such as t.clone().");
 }
 
 void check_same_kind(const at::Tensor& expected, const at::Tensor& t, const std::string& where,

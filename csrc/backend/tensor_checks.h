@@ -14,6 +14,10 @@ std::shared_ptr<void> keep_alive(std::vector<at::Tensor> tensors);
 // Checks made at the call, before anything is sent; each raises a c10::Error
 // that starts with `where` ("allreduce on rank 3").
 void check_dense(const at::Tensor& t, const std::string& where);
+// For a tensor the op writes: dense, and each element in memory of its own.
+// Results written into an expanded view would land on one another, and torch
+// refuses such a copy only once the op has run, failing the group.
+void check_output(const at::Tensor& t, const std::string& where);
 void check_same_kind(const at::Tensor& expected, const at::Tensor& t, const std::string& where,
                      const char* what);
 
