@@ -1,4 +1,4 @@
-"""Dtypes beyond the ten that gloo knows: float8 and complex tensors are moved
+"""Dtypes beyond the ten that gloo knows: float8, float4 and complex tensors are moved
 bit for bit (broadcast, gathers, scatter, all-to-all, send and receive) and
 refused by reductions (except a complex all_reduce, which torch turns into a
 real one), and uint16, uint32 and uint64 are reduced too.
@@ -29,6 +29,7 @@ MOVE_ONLY = {
     "float8_e4m3fnuz": torch.float8_e4m3fnuz,
     "float8_e5m2fnuz": torch.float8_e5m2fnuz,
     "float8_e8m0fnu": torch.float8_e8m0fnu,
+    "float4_e2m1fn_x2": torch.float4_e2m1fn_x2,
     "complex32": torch.complex32,
     "complex64": torch.complex64,
     "complex128": torch.complex128,

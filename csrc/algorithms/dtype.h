@@ -33,6 +33,7 @@ enum class DType : uint32_t {
   Complex32 = 19,
   Complex64 = 20,
   Complex128 = 21,
+  Float4E2M1FNX2 = 22,  // two float4 values per byte (torch 2.8 and later)
 };
 
 size_t element_size(DType dtype);

@@ -31,6 +31,7 @@ size_t element_size(DType dtype) {
     case DType::Float8E4M3FNUZ:
     case DType::Float8E5M2FNUZ:
     case DType::Float8E8M0FNU:
+    case DType::Float4E2M1FNX2:
       return 1;
   }
   return 0;
@@ -59,6 +60,7 @@ const char* dtype_name(DType dtype) {
     case DType::Complex32: return "complex32";
     case DType::Complex64: return "complex64";
     case DType::Complex128: return "complex128";
+    case DType::Float4E2M1FNX2: return "float4_e2m1fn_x2";
   }
   return "unknown dtype";
 }
@@ -92,6 +94,7 @@ bool is_reducible(DType dtype) {
     case DType::Complex32:
     case DType::Complex64:
     case DType::Complex128:
+    case DType::Float4E2M1FNX2:
       return false;
   }
   return false;

@@ -4,6 +4,13 @@
 
 #include "algorithms/reduce_kernels.h"
 
+// torch 2.8 added float4_e2m1fn_x2; the oldest supported torch (2.7) lacks it.
+#if __has_include(<c10/util/Float4_e2m1fn_x2.h>)
+#define TGPG_TORCH_HAS_FLOAT4 1
+#else
+#define TGPG_TORCH_HAS_FLOAT4 0
+#endif
+
 namespace tgpg {
 
 DType to_dtype(at::ScalarType type, const std::string& where) {
@@ -29,11 +36,14 @@ DType to_dtype(at::ScalarType type, const std::string& where) {
     case at::kComplexHalf: return DType::Complex32;
     case at::kComplexFloat: return DType::Complex64;
     case at::kComplexDouble: return DType::Complex128;
+#if TGPG_TORCH_HAS_FLOAT4
+    case at::kFloat4_e2m1fn_x2: return DType::Float4E2M1FNX2;
+#endif
     default:
       TORCH_CHECK(false, where, ": dtype ", c10::toString(type),
                   " is not supported by the grpc backend. Supported: float32, float64, float16, bfloat16, int8, "
                   "int16, int32, int64, uint8, uint16, uint32, uint64 and bool; also, to be moved but not "
-                  "reduced, the float8 types and complex32, complex64 and complex128.");
+                  "reduced, the float8 types, float4_e2m1fn_x2, and complex32, complex64 and complex128.");
   }
 }
 
