@@ -123,14 +123,19 @@ def reduce_reference(inputs: Sequence[torch.Tensor], op: str) -> torch.Tensor:
         return stacked.amin(0)
     if op == "MAX":
         return stacked.amax(0)
-    bitwise = {
+    return fold_bitwise(stacked, op)
+
+
+def fold_bitwise(rows: Sequence[torch.Tensor], op: str) -> torch.Tensor:
+    """BAND, BOR or BXOR of the rows, first to last."""
+    combine = {
         "BAND": torch.bitwise_and,
         "BOR": torch.bitwise_or,
         "BXOR": torch.bitwise_xor,
     }[op]
-    result = stacked[0]
-    for row in stacked[1:]:
-        result = bitwise(result, row)
+    result = rows[0]
+    for row in rows[1:]:
+        result = combine(result, row)
     return result
 
 

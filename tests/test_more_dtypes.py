@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from dist_harness import RankContext, init_default_group, run_cases, spawn_cases
-from reference import seed_of, tolerance
+from reference import fold_bitwise, seed_of, tolerance
 
 WORLD = 3
 NUMELS = (7, 70_001)
@@ -286,15 +286,7 @@ def _unsigned_reference(inputs: list[torch.Tensor], op: str) -> torch.Tensor:
         return rows.sum(0, dtype=signed).view(dtype)
     if op == "PRODUCT":
         return rows.prod(0, dtype=signed).view(dtype)
-    combine = {
-        "BAND": torch.bitwise_and,
-        "BOR": torch.bitwise_or,
-        "BXOR": torch.bitwise_xor,
-    }[op]
-    result = rows[0]
-    for row in rows[1:]:
-        result = combine(result, row)
-    return result.view(dtype)
+    return fold_bitwise(rows, op).view(dtype)
 
 
 def _unsigned_reductions(dtype: torch.dtype, numel: int) -> dict[str, object]:
