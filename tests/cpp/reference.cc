@@ -92,8 +92,13 @@ std::vector<std::byte> make_bytes(uint64_t seed, size_t size) {
       expected = load_integer(dtype, narrowed);
       const int64_t actual = load_integer(dtype, got + at);
       if (actual != expected) {
-        return ::testing::AssertionFailure() << tgpg::dtype_name(dtype) << " " << tgpg::reduce_op_name(op)
-                                             << ": element " << i << " is " << actual << ", expected " << expected;
+        auto failure = ::testing::AssertionFailure();
+        failure << tgpg::dtype_name(dtype) << " " << tgpg::reduce_op_name(op) << ": element " << i << " is ";
+        // A uint64 comes back from load_integer as its bit pattern.
+        if (dtype == tgpg::DType::UInt64) {
+          return failure << static_cast<uint64_t>(actual) << ", expected " << static_cast<uint64_t>(expected);
+        }
+        return failure << actual << ", expected " << expected;
       }
       continue;
     }
