@@ -138,6 +138,25 @@ def test_different_element_counts_on_one_of_three_ranks() -> None:
         _assert_failed(outcome, "allreduce", [2])
 
 
+def _gather_size_mismatch(ctx: RankContext) -> Outcome:
+    init_default_group(ctx, FAULT_TIMEOUT)
+    # Sizes differ by rank, but rank 2 expects 5 elements from rank 1, which sends 4.
+    sizes = [3, 4, 6]
+    outputs = [torch.zeros(n) for n in sizes]
+    if ctx.rank == 2:
+        outputs[1] = torch.zeros(5)
+    tensor = torch.ones(sizes[ctx.rank])
+    return _attempt(ctx, lambda: dist.all_gather(outputs, tensor))
+
+
+def test_all_gather_of_different_sizes_that_do_not_match() -> None:
+    outcomes = _run(_gather_size_mismatch, 3)
+    # Rank 2 finds rank 1's block the wrong size. Ranks 0 and 1 received what
+    # they expected and may finish the op before rank 2's abort reaches them,
+    # as in an all-to-all, where each pair checks only its own block.
+    _assert_failed(outcomes[2], "allgather", [1, 2])
+
+
 def _dtype_mismatch(ctx: RankContext) -> Outcome:
     init_default_group(ctx, FAULT_TIMEOUT)
     # Same element size, so only the dtype itself can tell them apart.

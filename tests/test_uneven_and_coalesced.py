@@ -1,4 +1,5 @@
-"""Uneven all-to-all (single tensor and list forms) and the coalesced collectives.
+"""Uneven all-to-all (single tensor and list forms), all_gather of tensors of
+different sizes, and the coalesced collectives.
 
 Expected values are built from every rank's inputs locally; where gloo offers
 the same call, it runs too and must agree.
@@ -55,6 +56,30 @@ def _all_to_all_list(ctx: RankContext, dtype: torch.dtype) -> None:
         assert_equal(
             outputs[src], _rows_for(src, me, world, dtype), f"block from rank {src}"
         )
+
+
+def _gather_rows(rank: int, world: int) -> int:
+    """Rows rank ``rank`` contributes to the uneven all_gather: 2.4 MB (more than a
+    chunk), none, and a few."""
+    return (200_001, 0, 7)[rank % 3] if world > 1 else 5
+
+
+def _gathered_block(rank: int, world: int, dtype: torch.dtype) -> torch.Tensor:
+    rows = _gather_rows(rank, world)
+    values = make_input(seed_of("uneven gather", rank), rank, rows * COLUMNS, dtype)
+    return values.view(rows, COLUMNS)
+
+
+def _all_gather_uneven(ctx: RankContext, dtype: torch.dtype) -> None:
+    # NCCL gathers tensors of different sizes; each output tensor gives its rank's.
+    world, me = ctx.world_size, ctx.rank
+    outputs = [
+        torch.full((_gather_rows(r, world), COLUMNS), 7, dtype=dtype)
+        for r in range(world)
+    ]
+    dist.all_gather(outputs, _gathered_block(me, world, dtype))
+    for r in range(world):
+        assert_equal(outputs[r], _gathered_block(r, world, dtype), f"block of rank {r}")
 
 
 def _all_gather_coalesced(ctx: RankContext) -> None:
@@ -131,6 +156,7 @@ def _rank_main(ctx: RankContext) -> dict[str, str | None]:
     for dtype in (torch.float32, torch.bfloat16, torch.int64):
         cases[f"single {dtype}"] = lambda d=dtype: _all_to_all_single(ctx, gloo, d)
         cases[f"list {dtype}"] = lambda d=dtype: _all_to_all_list(ctx, d)
+        cases[f"all_gather uneven {dtype}"] = lambda d=dtype: _all_gather_uneven(ctx, d)
     cases["all_gather_coalesced"] = lambda: _all_gather_coalesced(ctx)
     cases["reduce_scatter coalesced"] = lambda: _reduce_scatter_coalesced(ctx, gloo)
     cases["all_gather_into_tensor coalesced"] = lambda: (
@@ -159,6 +185,12 @@ def test_uneven_all_to_all_single(world: int, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
 def test_uneven_all_to_all_list(world: int, dtype: torch.dtype) -> None:
     _report(world).assert_passed(f"list {dtype}")
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
+def test_all_gather_of_different_sizes(world: int, dtype: torch.dtype) -> None:
+    _report(world).assert_passed(f"all_gather uneven {dtype}")
 
 
 @pytest.mark.parametrize("world", WORLDS)

@@ -103,10 +103,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allgather(std::vector<std::vect
   check_dense(input, where);
   TORCH_CHECK(static_cast<int>(outs.size()) == size_, where, ": expected ", size_, " output tensors, got ",
               outs.size(), ".");
+  bool uneven = false;
   for (const auto& o : outs) {
     check_output(o, where);
-    check_same_kind(input, o, where, "output tensor");
+    TORCH_CHECK(o.scalar_type() == input.scalar_type(), where, ": every output tensor must have dtype ",
+                input.scalar_type(), ", got ", o.scalar_type(), ".");
+    uneven = uneven || o.numel() != input.numel();
   }
+  // The output tensors give each rank's size, so every rank takes the same path.
+  if (uneven) return allgather_uneven(inputs, outs, opts, where);
   const DType dtype = to_dtype(input.scalar_type(), where);
   auto in = std::make_shared<HostStage>(input, /*copy_in=*/true);
   const int64_t n = input.numel();

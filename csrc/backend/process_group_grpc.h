@@ -158,10 +158,21 @@ class ProcessGroupGrpc : public c10d::Backend {
                                                        const std::string& where);
   // alltoall between packed host tensors: block `send[j]` of `in` goes to rank
   // j, block `recv[i]` of `out` comes from rank i; `unpack` writes results out.
+  // An all_gather of uneven sizes is such an exchange too, under its own name.
+  struct Exchange {
+    OpType op = OpType::Alltoall;
+    c10d::OpType type = c10d::OpType::ALLTOALL;
+    const char* title = "grpc:all_to_all";
+  };
   c10::intrusive_ptr<c10d::Work> alltoall_packed(at::Tensor in, std::vector<Block> send, at::Tensor out,
                                                  std::vector<Block> recv, const std::vector<at::Tensor>& inputs,
-                                                 std::vector<at::Tensor> outputs, const c10d::AllToAllOptions& opts,
-                                                 const std::string& where, std::function<void(const at::Tensor&)> unpack);
+                                                 std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
+                                                 const std::string& where, std::function<void(const at::Tensor&)> unpack,
+                                                 Exchange exchange);
+  // all_gather where the output tensors differ in size (NCCL allows it): each
+  // rank sends its whole input to every peer, and each pair checks the size.
+  c10::intrusive_ptr<c10d::Work> allgather_uneven(std::vector<at::Tensor>& inputs, std::vector<at::Tensor> outputs,
+                                                  const c10d::AllgatherOptions& opts, const std::string& where);
   void rendezvous(const c10::intrusive_ptr<c10d::Store>& store);
   void publish_server(const c10::intrusive_ptr<c10d::Store>& store) const;
   // Waits for every peer's address and connects to it; returns why not, or "".

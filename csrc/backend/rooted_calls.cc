@@ -1,6 +1,6 @@
-// The remaining collectives: reduce, gather, scatter, reduce_scatter and
-// alltoall. They work on packed host copies, which keeps the user's inputs
-// untouched where torch promises that.
+// The remaining collectives: reduce, gather, scatter, reduce_scatter,
+// alltoall, and all_gather of uneven sizes. They work on packed host copies,
+// which keeps the user's inputs untouched where torch promises that.
 #include <c10/util/Exception.h>
 
 #include "algorithms/collectives.h"
@@ -227,6 +227,16 @@ std::vector<Block> blocks_of(const std::vector<at::Tensor>& tensors) {
   return blocks;
 }
 
+// Copies each block of the exchange's result into its output tensor.
+std::function<void(const at::Tensor&)> unpack_blocks(std::vector<at::Tensor> outputs, std::vector<Block> recv) {
+  return [outputs = std::move(outputs), recv = std::move(recv)](const at::Tensor& result) mutable {
+    for (size_t r = 0; r < outputs.size(); ++r) {
+      copy_into(outputs[r], result.narrow(0, static_cast<int64_t>(recv[r].offset), static_cast<int64_t>(recv[r].count))
+                                .view_as(outputs[r]));
+    }
+  };
+}
+
 int64_t row_elements(const at::Tensor& t) {
   int64_t row = 1;
   for (int64_t d = 1; d < t.dim(); ++d) row *= t.size(d);
@@ -252,8 +262,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::alltoall_base(at::Tensor& outpu
   std::vector<Block> recv =
       split_blocks(output_split_sizes, rows(output), row_elements(output), size_, where, "output");
   at::Tensor out = at::empty({output.numel()}, output.options().device(at::kCPU));
-  return alltoall_packed(private_cpu_copy(input), std::move(send), out, std::move(recv), {input}, {output}, opts,
-                         where, [output](const at::Tensor& result) mutable { copy_into(output, result.view_as(output)); });
+  return alltoall_packed(private_cpu_copy(input), std::move(send), out, std::move(recv), {input}, {output},
+                         timeout_of(opts.timeout), where,
+                         [output](const at::Tensor& result) mutable { copy_into(output, result.view_as(output)); },
+                         Exchange{});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::alltoall(std::vector<at::Tensor>& outputs,
@@ -274,29 +286,42 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::alltoall(std::vector<at::Tensor
   std::vector<Block> recv = blocks_of(outputs);
   const uint64_t total_out = recv.back().offset + recv.back().count;
   at::Tensor out = at::empty({static_cast<int64_t>(total_out)}, inputs[0].options().device(at::kCPU));
-  return alltoall_packed(pack(inputs), send, out, recv, inputs, outputs, opts, where,
-                         [outputs, recv](const at::Tensor& result) mutable {
-                           for (size_t r = 0; r < outputs.size(); ++r) {
-                             copy_into(outputs[r], result.narrow(0, static_cast<int64_t>(recv[r].offset),
-                                                                 static_cast<int64_t>(recv[r].count))
-                                                       .view_as(outputs[r]));
-                           }
-                         });
+  return alltoall_packed(pack(inputs), send, out, recv, inputs, outputs, timeout_of(opts.timeout), where,
+                         unpack_blocks(outputs, recv), Exchange{});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allgather_uneven(std::vector<at::Tensor>& inputs,
+                                                                  std::vector<at::Tensor> outputs,
+                                                                  const c10d::AllgatherOptions& opts,
+                                                                  const std::string& where) {
+  const at::Tensor& input = inputs[0];
+  TORCH_CHECK(outputs[rank_].numel() == input.numel(), where, ": output tensor ", rank_,
+              " (this rank's own) has ", outputs[rank_].numel(), " elements but the input has ", input.numel(),
+              "; output tensor r must have rank r's input size.");
+  // Every peer gets the whole input.
+  std::vector<Block> send(size_, Block{0, static_cast<uint64_t>(input.numel())});
+  std::vector<Block> recv = blocks_of(outputs);
+  const uint64_t total_out = recv.back().offset + recv.back().count;
+  at::Tensor out = at::empty({static_cast<int64_t>(total_out)}, input.options().device(at::kCPU));
+  return alltoall_packed(private_cpu_copy(input), send, out, recv, inputs, outputs, timeout_of(opts.timeout), where,
+                         unpack_blocks(outputs, recv),
+                         Exchange{OpType::Allgather, c10d::OpType::ALLGATHER, "grpc:all_gather"});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::alltoall_packed(at::Tensor in, std::vector<Block> send,
                                                                  at::Tensor out, std::vector<Block> recv,
                                                                  const std::vector<at::Tensor>& inputs,
                                                                  std::vector<at::Tensor> outputs,
-                                                                 const c10d::AllToAllOptions& opts,
+                                                                 std::chrono::milliseconds timeout,
                                                                  const std::string& where,
-                                                                 std::function<void(const at::Tensor&)> unpack) {
+                                                                 std::function<void(const at::Tensor&)> unpack,
+                                                                 Exchange exchange) {
   const DType dtype = to_dtype(in.scalar_type(), where);
   const auto total = static_cast<uint64_t>(in.numel());
-  return enqueue(c10d::OpType::ALLTOALL, "grpc:all_to_all", inputs, std::move(outputs), timeout_of(opts.timeout),
+  return enqueue(exchange.type, exchange.title, inputs, std::move(outputs), timeout,
                  [this, in, out, send = std::move(send), recv = std::move(recv), dtype, total,
-                  unpack = std::move(unpack)](uint64_t seq, std::chrono::milliseconds timeout) {
-                   Collective c = collective(OpType::Alltoall, seq, dtype, total, timeout, keep_alive({in}));
+                  unpack = std::move(unpack), op = exchange.op](uint64_t seq, std::chrono::milliseconds timeout) {
+                   Collective c = collective(op, seq, dtype, total, timeout, keep_alive({in}));
                    tgpg::alltoallv(c, bytes_of(in), send, bytes_of(out), recv);
                    c.wait_sends_released();
                    unpack(out);
