@@ -28,6 +28,7 @@ Stack = Callable[[RankContext, dist.ProcessGroup], None]
 STACKS: dict[int, dict[str, Stack]] = {
     2: {
         "fsdp2_bf16": fsdp2.check,
+        "fsdp2_divide_factor": fsdp2.check_divide_factor,
         "tp_sequence_parallel": tensor_parallel.check_sequence_parallel,
         "dtensor_partial_to_shard": tensor_parallel.check_partial_to_shard,
         "funcol_reduce_scatter": tensor_parallel.check_functional_reduce_scatter,
@@ -63,6 +64,10 @@ def _report(world: int) -> CaseReport:
 
 def test_fsdp2_bf16_mixed_precision() -> None:
     _report(2).assert_passed("fsdp2_bf16")
+
+
+def test_fsdp2_with_a_gradient_divide_factor() -> None:
+    _report(2).assert_passed("fsdp2_divide_factor")
 
 
 def test_tensor_parallel_with_sequence_parallel() -> None:

@@ -20,11 +20,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allreduce(std::vector<at::Tenso
   check_output(tensor, where);
   const DType dtype = to_dtype(tensor.scalar_type(), where);
   const Reduction reduction = to_reduction(opts.reduceOp, dtype, where);
+  const std::optional<double> factor = premultiplier(opts.reduceOp);
   auto stage = std::make_shared<HostStage>(tensor, /*copy_in=*/true);
   const auto count = static_cast<uint64_t>(tensor.numel());
   return enqueue(c10d::OpType::ALLREDUCE, "grpc:all_reduce", tensors, tensors, timeout_of(opts.timeout),
-                 [this, stage, dtype, reduction, count](uint64_t seq, std::chrono::milliseconds timeout) {
+                 [this, stage, dtype, reduction, factor, count](uint64_t seq, std::chrono::milliseconds timeout) {
                    stage->wait_ready();
+                   premultiply(stage->host(), factor);
                    Collective c = collective(OpType::Allreduce, seq, dtype, count, timeout, keep_alive({stage->host()}),
                                              /*root=*/0, reduction);
                    tgpg::allreduce(c, stage->data(), options_.direct_max_bytes, hosts_);
@@ -46,13 +48,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allreduce_coalesced(
   }
   const DType dtype = to_dtype(tensors[0].scalar_type(), where);
   const Reduction reduction = to_reduction(opts.reduceOp, dtype, where);
+  const std::optional<double> factor = premultiplier(opts.reduceOp);
   std::vector<at::Tensor> flat_views;
   flat_views.reserve(tensors.size());
   for (const auto& t : tensors) flat_views.push_back(t.reshape({-1}));
   at::Tensor packed = at::cat(flat_views).to(at::kCPU);
   return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "grpc:all_reduce_coalesced", tensors, tensors,
                  timeout_of(opts.timeout),
-                 [this, packed, tensors, dtype, reduction](uint64_t seq, std::chrono::milliseconds timeout) mutable {
+                 [this, packed, tensors, dtype, reduction, factor](uint64_t seq,
+                                                                   std::chrono::milliseconds timeout) mutable {
+                   premultiply(packed, factor);
                    Collective c = collective(OpType::AllreduceCoalesced, seq, dtype,
                                              static_cast<uint64_t>(packed.numel()), timeout, keep_alive({packed}),
                                              /*root=*/0, reduction);

@@ -43,14 +43,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::reduce(std::vector<at::Tensor>&
   else check_dense(tensor, where);
   const DType dtype = to_dtype(tensor.scalar_type(), where);
   const Reduction reduction = to_reduction(opts.reduceOp, dtype, where);
+  const std::optional<double> factor = premultiplier(opts.reduceOp);
   // Only the root's tensor may change: the others reduce a private copy.
   auto stage = std::make_shared<HostStage>(tensor, /*copy_in=*/true);
   const auto root = static_cast<uint32_t>(opts.rootRank);
   const auto count = static_cast<uint64_t>(tensor.numel());
   return enqueue(c10d::OpType::REDUCE, "grpc:reduce", tensors, tensors, timeout_of(opts.timeout),
-                 [this, stage, dtype, reduction, count, root, is_root](uint64_t seq, std::chrono::milliseconds timeout) {
+                 [this, stage, dtype, reduction, factor, count, root, is_root](uint64_t seq,
+                                                                              std::chrono::milliseconds timeout) {
                    stage->wait_ready();
                    at::Tensor work = is_root ? stage->host() : stage->host().clone();
+                   premultiply(work, factor);
                    Collective c = collective(OpType::Reduce, seq, dtype, count, timeout, keep_alive({work}), root,
                                              reduction);
                    tgpg::allreduce(c, bytes_of(work), options_.direct_max_bytes, hosts_);
@@ -176,9 +179,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::reduce_scatter_packed(at::Tenso
                                                                        const std::string& where) {
   const DType dtype = to_dtype(output.scalar_type(), where);
   const Reduction reduction = to_reduction(opts.reduceOp, dtype, where);
+  const std::optional<double> factor = premultiplier(opts.reduceOp);
   const int64_t n = output.numel();
   return enqueue(c10d::OpType::REDUCE_SCATTER, "grpc:reduce_scatter", inputs, {output}, timeout_of(opts.timeout),
-                 [this, packed, output, dtype, reduction, n](uint64_t seq, std::chrono::milliseconds timeout) mutable {
+                 [this, packed, output, dtype, reduction, factor, n](uint64_t seq,
+                                                                     std::chrono::milliseconds timeout) mutable {
+                   premultiply(packed, factor);
                    Collective c = collective(OpType::ReduceScatter, seq, dtype, static_cast<uint64_t>(n), timeout,
                                              keep_alive({packed}), /*root=*/0, reduction);
                    tgpg::reduce_scatter(c, bytes_of(packed));

@@ -67,13 +67,33 @@ Reduction to_reduction(const c10d::ReduceOp& op, DType dtype, const std::string&
     case c10d::ReduceOp::BAND: r.op = ReduceOp::BitAnd; break;
     case c10d::ReduceOp::BOR: r.op = ReduceOp::BitOr; break;
     case c10d::ReduceOp::BXOR: r.op = ReduceOp::BitXor; break;
+    case c10d::ReduceOp::PREMUL_SUM:
+      TORCH_CHECK(is_floating(dtype), where, ": ReduceOp.PREMUL_SUM needs a floating-point tensor, got ",
+                  dtype_name(dtype), ". Multiply the input yourself and use ReduceOp.SUM.");
+      TORCH_CHECK(premultiplier(op).has_value(), where, ": ReduceOp.PREMUL_SUM came without its factor; make it "
+                  "with dist.ReduceOp.PREMUL_SUM(factor).");
+      r.op = ReduceOp::Sum;
+      break;
     default:
       TORCH_CHECK(false, where, ": this reduce op is not supported by the grpc backend. Supported: "
-                  "SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR.");
+                  "SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR, PREMUL_SUM.");
   }
   TORCH_CHECK(reduction_supported(dtype, r.op), where, ": ReduceOp.", reduce_op_name(r.op),
               " is a bitwise op and needs an integer or bool tensor, got ", dtype_name(dtype), ".");
   return r;
+}
+
+std::optional<double> premultiplier(const c10d::ReduceOp& op) {
+  if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return std::nullopt;
+  const auto* supplement = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+  if (supplement == nullptr) return std::nullopt;
+  // A tensor factor may live on a device; reading it here waits for it there.
+  if (supplement->tensor_factor.defined()) return supplement->tensor_factor.item<double>();
+  return supplement->double_factor;
+}
+
+void premultiply(const at::Tensor& t, const std::optional<double>& factor) {
+  if (factor) t.mul_(*factor);
 }
 
 }  // namespace tgpg

@@ -16,6 +16,15 @@ namespace tgpg {
 // something this backend cannot do.
 DType to_dtype(at::ScalarType type, const std::string& where);
 
+// PREMUL_SUM is SUM here; its factor comes from premultiplier().
 Reduction to_reduction(const c10d::ReduceOp& op, DType dtype, const std::string& where);
+
+// The factor that PREMUL_SUM has each rank multiply its own input by before
+// the SUM (FSDP2 divides gradients so under set_gradient_divide_factor); none
+// for every other op.
+std::optional<double> premultiplier(const c10d::ReduceOp& op);
+
+// Multiplies `t` by the factor, if any, in place.
+void premultiply(const at::Tensor& t, const std::optional<double>& factor);
 
 }  // namespace tgpg

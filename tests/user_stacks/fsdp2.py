@@ -1,4 +1,6 @@
-"""FSDP2 (``fully_shard``) with bf16 parameters and float32 gradient reduction."""
+"""FSDP2 (``fully_shard``) with bf16 parameters and float32 gradient reduction,
+and with a gradient divide factor of its own (which reduce-scatters with
+ReduceOp.PREMUL_SUM)."""
 
 from __future__ import annotations
 
@@ -55,12 +57,23 @@ def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     )
 
 
-def train_fsdp2(mesh: DeviceMesh, rank: int) -> dict[str, torch.Tensor]:
+# A divide factor other than the world size, as MoE experts get: FSDP2 then
+# reduce-scatters with PREMUL_SUM(1 / DIVIDE_FACTOR) instead of AVG.
+DIVIDE_FACTOR = 3.0
+
+
+def train_fsdp2(
+    mesh: DeviceMesh, rank: int, divide_factor: float | None = None
+) -> dict[str, torch.Tensor]:
     """Train the sharded net on this rank's batches; return the full float32 parameters."""
     model = initial_net()
     for layer in (model.inner, model.middle, model.head):
         fully_shard(layer, mesh=mesh, mp_policy=POLICY)
     fully_shard(model, mesh=mesh, mp_policy=POLICY)
+    if divide_factor is not None:
+        # Each fully_shard call makes a parameter group with a factor of its own.
+        for module in (model.inner, model.middle, model.head, model):
+            module.set_gradient_divide_factor(divide_factor)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     for step in range(STEPS):
         x, y = batch(rank, step)
@@ -81,9 +94,13 @@ def train_fsdp2(mesh: DeviceMesh, rank: int) -> dict[str, torch.Tensor]:
     return full
 
 
-def emulated_mixed_precision(world: int) -> dict[str, torch.Tensor]:
+def emulated_mixed_precision(
+    world: int, divide_factor: float | None = None
+) -> dict[str, torch.Tensor]:
     """What FSDP2 computes, without sharding: each rank's gradient from a bf16
-    copy of the float32 parameters, cast to float32 and averaged, then SGD in float32."""
+    copy of the float32 parameters, cast to float32, summed and divided by the
+    world size (or the divide factor), then SGD in float32."""
+    divisor = divide_factor if divide_factor is not None else world
     master = initial_net()
     for step in range(STEPS):
         grads: dict[str, torch.Tensor] = {}
@@ -96,14 +113,17 @@ def emulated_mixed_precision(world: int) -> dict[str, torch.Tensor]:
             F.mse_loss(copy(x.bfloat16()).float(), y).backward()
             for name, param in copy.named_parameters():
                 assert param.grad is not None
-                grads[name] = grads.get(name, 0) + param.grad.float() / world
+                grads[name] = grads.get(name, 0) + param.grad.float() / divisor
         with torch.no_grad():
             for name, param in master.named_parameters():
                 param -= LR * grads[name]
     return {k: v.detach() for k, v in master.named_parameters()}
 
 
-def float64_replay(world: int) -> dict[str, torch.Tensor]:
+def float64_replay(
+    world: int, divide_factor: float | None = None
+) -> dict[str, torch.Tensor]:
+    divisor = divide_factor if divide_factor is not None else world
     model = initial_net().double()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     for step in range(STEPS):
@@ -111,7 +131,7 @@ def float64_replay(world: int) -> dict[str, torch.Tensor]:
         for rank in range(world):
             x, y = batch(rank, step)
             losses.append(F.mse_loss(model(x.double()), y.double()))
-        torch.stack(losses).mean().backward()
+        (torch.stack(losses).sum() / divisor).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
     return {k: v.detach() for k, v in model.named_parameters()}
@@ -130,3 +150,16 @@ def check(ctx: RankContext, gloo: dist.ProcessGroup) -> None:
     assert_all_close(tested, replay, "vs float64 replay", BF16_VS_FP64_TOL)
     initial = {k: v.detach() for k, v in initial_net().named_parameters()}
     assert_moved(replay, initial, 5 * BF16_VS_FP64_TOL["atol"])
+
+
+def check_divide_factor(ctx: RankContext, gloo: dist.ProcessGroup) -> None:
+    # gloo has no PREMUL_SUM, so the references are local only.
+    world = ctx.world_size
+    tested = train_fsdp2(tested_mesh(world, ctx.backend), ctx.rank, DIVIDE_FACTOR)
+    emulated = emulated_mixed_precision(world, DIVIDE_FACTOR)
+    assert_all_close(tested, emulated, "vs emulation", FP32_TOL)
+    replay = float64_replay(world, DIVIDE_FACTOR)
+    assert_all_close(tested, replay, "vs float64 replay", BF16_VS_FP64_TOL)
+    # Divided by the world size instead, every tensor lands a thousand times
+    # FP32_TOL's atol away: the emulation comparison tells the two apart.
+    assert_moved(emulated, emulated_mixed_precision(world), 1e-3)
