@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from dist_harness import RankContext, init_default_group, run_cases, spawn_cases
-from reference import fold_bitwise, seed_of, tolerance
+from reference import fold_bitwise, make_input, seed_of, tolerance
 
 WORLD = 3
 NUMELS = (7, 70_001)
@@ -55,11 +55,6 @@ def _bytes_of(rank: int, numel: int, dtype: torch.dtype, what: str) -> torch.Ten
     return torch.randint(
         0, 256, (numel * size,), generator=gen, dtype=torch.uint8
     ).view(dtype)
-
-
-def _uniform(rank: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed_of("uniform", rank, numel, dtype))
-    return (torch.rand(numel, generator=gen, dtype=torch.float64) * 2 - 1).to(dtype)
 
 
 def _assert_bits_equal(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
@@ -202,7 +197,10 @@ def _refused_reductions(name: str, dtype: torch.dtype) -> dict[str, object]:
             # torch itself reduces complex tensors as real pairs before the
             # backend sees them; the result must still be right.
             real = REAL_OF[dtype]
-            inputs = [_uniform(r, 2 * 8, real).view(dtype) for r in range(WORLD)]
+            seed = seed_of("complex all_reduce", dtype)
+            inputs = [
+                make_input(seed, r, 2 * 8, real).view(dtype) for r in range(WORLD)
+            ]
             t = inputs[rank].clone()
             dist.all_reduce(t)
             expected = torch.stack([x.view(real).double() for x in inputs]).sum(0)

@@ -20,7 +20,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allreduce(std::vector<at::Tenso
   check_output(tensor, where);
   const DType dtype = to_dtype(tensor.scalar_type(), where);
   const Reduction reduction = to_reduction(opts.reduceOp, dtype, where);
-  const std::optional<double> factor = premultiplier(opts.reduceOp);
+  const std::optional<double> factor = premultiplier(opts.reduceOp, where);
   auto stage = std::make_shared<HostStage>(tensor, /*copy_in=*/true);
   const auto count = static_cast<uint64_t>(tensor.numel());
   return enqueue(c10d::OpType::ALLREDUCE, "grpc:all_reduce", tensors, tensors, timeout_of(opts.timeout),
@@ -48,7 +48,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allreduce_coalesced(
   }
   const DType dtype = to_dtype(tensors[0].scalar_type(), where);
   const Reduction reduction = to_reduction(opts.reduceOp, dtype, where);
-  const std::optional<double> factor = premultiplier(opts.reduceOp);
+  const std::optional<double> factor = premultiplier(opts.reduceOp, where);
   std::vector<at::Tensor> flat_views;
   flat_views.reserve(tensors.size());
   for (const auto& t : tensors) flat_views.push_back(t.reshape({-1}));
@@ -111,8 +111,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allgather(std::vector<std::vect
   bool uneven = false;
   for (const auto& o : outs) {
     check_output(o, where);
-    TORCH_CHECK(o.scalar_type() == input.scalar_type(), where, ": every output tensor must have dtype ",
-                input.scalar_type(), ", got ", o.scalar_type(), ".");
+    check_same_dtype(input, o, where, "output tensor");
     uneven = uneven || o.numel() != input.numel();
   }
   // The output tensors give each rank's size, so every rank takes the same path.

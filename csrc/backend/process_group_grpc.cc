@@ -74,9 +74,13 @@ std::string failed_text(const std::string& reason) {
          "). Destroy it with destroy_process_group() and create a new one.";
 }
 
+// "grpc:all_reduce #3 on rank 1": how a message names an op of this rank.
+std::string op_on_rank(const char* title, uint64_t seq, int rank) {
+  return std::string(title) + " #" + std::to_string(seq) + " on rank " + std::to_string(rank);
+}
+
 std::string cannot_run(const char* title, uint64_t seq, int rank, const std::string& why) {
-  return std::string(title) + " #" + std::to_string(seq) + " on rank " + std::to_string(rank) +
-         " cannot run: " + why;
+  return op_on_rank(title, seq, rank) + " cannot run: " + why;
 }
 
 }  // namespace
@@ -344,11 +348,9 @@ OpQueue::Finish ProcessGroupGrpc::run_job(GroupTransport& transport, const c10::
   } catch (const std::exception& e) {
     // Anything else (copying the result into the caller's tensor, memory)
     // knows nothing of the op, which the message must still name.
-    error = std::string(title) + " #" + std::to_string(seq) + " on rank " + std::to_string(rank_) +
-            " failed: " + message_of(e);
+    error = op_on_rank(title, seq, rank_) + " failed: " + message_of(e);
   } catch (...) {
-    error = std::string(title) + " #" + std::to_string(seq) + " on rank " + std::to_string(rank_) +
-            " failed with an exception of unknown type";
+    error = op_on_rank(title, seq, rank_) + " failed with an exception of unknown type";
   }
   monitor.op_finished(seq, error.empty() ? "ok" : error);
   if (error.empty()) return [work] { work->complete(); };

@@ -43,7 +43,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::reduce(std::vector<at::Tensor>&
   else check_dense(tensor, where);
   const DType dtype = to_dtype(tensor.scalar_type(), where);
   const Reduction reduction = to_reduction(opts.reduceOp, dtype, where);
-  const std::optional<double> factor = premultiplier(opts.reduceOp);
+  const std::optional<double> factor = premultiplier(opts.reduceOp, where);
   // Only the root's tensor may change: the others reduce a private copy.
   auto stage = std::make_shared<HostStage>(tensor, /*copy_in=*/true);
   const auto root = static_cast<uint32_t>(opts.rootRank);
@@ -179,7 +179,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::reduce_scatter_packed(at::Tenso
                                                                        const std::string& where) {
   const DType dtype = to_dtype(output.scalar_type(), where);
   const Reduction reduction = to_reduction(opts.reduceOp, dtype, where);
-  const std::optional<double> factor = premultiplier(opts.reduceOp);
+  const std::optional<double> factor = premultiplier(opts.reduceOp, where);
   const int64_t n = output.numel();
   return enqueue(c10d::OpType::REDUCE_SCATTER, "grpc:reduce_scatter", inputs, {output}, timeout_of(opts.timeout),
                  [this, packed, output, dtype, reduction, factor, n](uint64_t seq,

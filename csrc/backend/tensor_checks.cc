@@ -23,10 +23,15 @@ void check_output(const at::Tensor& t, const std::string& where) {
               "have memory of their own, such as t.clone().");
 }
 
-void check_same_kind(const at::Tensor& expected, const at::Tensor& t, const std::string& where,
-                     const char* what) {
+void check_same_dtype(const at::Tensor& expected, const at::Tensor& t, const std::string& where,
+                      const char* what) {
   TORCH_CHECK(t.scalar_type() == expected.scalar_type(), where, ": every ", what, " must have dtype ",
               expected.scalar_type(), ", got ", t.scalar_type(), ".");
+}
+
+void check_same_kind(const at::Tensor& expected, const at::Tensor& t, const std::string& where,
+                     const char* what) {
+  check_same_dtype(expected, t, where, what);
   TORCH_CHECK(t.numel() == expected.numel(), where, ": every ", what, " must have ", expected.numel(),
               " elements, got ", t.numel(), ".");
 }

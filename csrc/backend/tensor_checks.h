@@ -18,6 +18,9 @@ void check_dense(const at::Tensor& t, const std::string& where);
 // Results written into an expanded view would land on one another, and torch
 // refuses such a copy only once the op has run, failing the group.
 void check_output(const at::Tensor& t, const std::string& where);
+// `t` has `expected`'s dtype; check_same_kind, its number of elements too.
+void check_same_dtype(const at::Tensor& expected, const at::Tensor& t, const std::string& where,
+                      const char* what);
 void check_same_kind(const at::Tensor& expected, const at::Tensor& t, const std::string& where,
                      const char* what);
 

@@ -70,8 +70,6 @@ Reduction to_reduction(const c10d::ReduceOp& op, DType dtype, const std::string&
     case c10d::ReduceOp::PREMUL_SUM:
       TORCH_CHECK(is_floating(dtype), where, ": ReduceOp.PREMUL_SUM needs a floating-point tensor, got ",
                   dtype_name(dtype), ". Multiply the input yourself and use ReduceOp.SUM.");
-      TORCH_CHECK(premultiplier(op).has_value(), where, ": ReduceOp.PREMUL_SUM came without its factor; make it "
-                  "with dist.ReduceOp.PREMUL_SUM(factor).");
       r.op = ReduceOp::Sum;
       break;
     default:
@@ -83,10 +81,11 @@ Reduction to_reduction(const c10d::ReduceOp& op, DType dtype, const std::string&
   return r;
 }
 
-std::optional<double> premultiplier(const c10d::ReduceOp& op) {
+std::optional<double> premultiplier(const c10d::ReduceOp& op, const std::string& where) {
   if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return std::nullopt;
   const auto* supplement = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
-  if (supplement == nullptr) return std::nullopt;
+  TORCH_CHECK(supplement != nullptr, where, ": ReduceOp.PREMUL_SUM came without its factor; make it with "
+              "dist.ReduceOp.PREMUL_SUM(factor).");
   // A tensor factor may live on a device; reading it here waits for it there.
   if (supplement->tensor_factor.defined()) return supplement->tensor_factor.item<double>();
   return supplement->double_factor;

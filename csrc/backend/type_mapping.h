@@ -16,13 +16,14 @@ namespace tgpg {
 // something this backend cannot do.
 DType to_dtype(at::ScalarType type, const std::string& where);
 
-// PREMUL_SUM is SUM here; its factor comes from premultiplier().
+// PREMUL_SUM is SUM here; its factor comes from premultiplier(), called after.
 Reduction to_reduction(const c10d::ReduceOp& op, DType dtype, const std::string& where);
 
 // The factor that PREMUL_SUM has each rank multiply its own input by before
 // the SUM (FSDP2 divides gradients so under set_gradient_divide_factor); none
-// for every other op.
-std::optional<double> premultiplier(const c10d::ReduceOp& op);
+// for every other op. Raises when a PREMUL_SUM carries no factor. A tensor
+// factor is read here, once per call.
+std::optional<double> premultiplier(const c10d::ReduceOp& op, const std::string& where);
 
 // Multiplies `t` by the factor, if any, in place.
 void premultiply(const at::Tensor& t, const std::optional<double>& factor);

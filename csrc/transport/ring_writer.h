@@ -79,7 +79,7 @@ class RingWriter {
   enum class Outcome {
     Sent,       // on the stream or in the ring; the payload is released
     WouldWait,  // only without may_wait: nothing was done, the item is intact
-    Dropped,    // given up (abort, close past its deadline, stream ended); released
+    Dropped,    // given up (an abort, or a close past its deadline); released
     Broken,     // the stream ended (a write failed, or the peer went away); released
   };
 
