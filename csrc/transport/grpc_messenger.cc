@@ -1,13 +1,13 @@
 #include "transport/grpc_messenger.h"
 
 #include <cctype>
-#include <fstream>
 #include <stdexcept>
 
 #include "algorithms/op_type.h"
 
 #include "algorithms/collective_error.h"
 #include "transport/log.h"
+#include "transport/replace_file.h"
 #include "transport/wire_format.h"
 
 namespace tgpg {
@@ -170,9 +170,14 @@ void GrpcMessenger::write_flight_record() const {
   }
   const std::string path = config_.flight_recorder_dir + "/torch_grpc_pg-rank" + std::to_string(rank_) + "-" + name +
                            ".json";
-  std::ofstream out(path);
-  out << monitor_->to_json();
-  if (!out) log_warning("could not write the flight record of the failed group to " + path);
+  // Two threads can get here at once: the one that saw the first failure (a
+  // peer's abort, on a gRPC thread) and the group's worker failing its op. Each
+  // takes its snapshot under the lock, so the record written last is the newest.
+  std::lock_guard<std::mutex> lock(record_mutex_);
+  if (!replace_file(path, monitor_->to_json())) {
+    log_warning("could not write the flight record of the failed group to " + path +
+                "; check that the directory exists and is writable (TORCH_GRPC_PG_FLIGHT_RECORDER_DIR)");
+  }
 }
 
 void GrpcMessenger::fail(const std::string& reason) {

@@ -67,6 +67,7 @@ class GrpcMessenger : public GroupTransport {
   std::mutex links_mutex_;
   std::vector<std::shared_ptr<PeerLink>> links_;
   bool shut_down_ = false;
+  mutable std::mutex record_mutex_;  // one flight record written at a time
   std::mutex listeners_mutex_;
   std::vector<std::function<void(const std::string&)>> failure_listeners_;
 };
