@@ -8,6 +8,7 @@ checks that every surviving rank exited with code 0.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -362,6 +363,101 @@ def test_peer_killed_during_64mib_allreduce(world: int) -> None:
     assert [o.rank for o in outcomes] == [r for r in range(world) if r != VICTIM]
     for outcome in outcomes:
         _assert_failed(outcome, "allreduce", [VICTIM])
+
+
+# A peer that stops taking data while this rank's chunks wait to reach it: in
+# the socket or gRPC's buffers (shared_memory=0, TCP), or in the shared ring's
+# queue. The sender has received all it needs and only waits for its chunks to
+# be taken, so its op can end only through the link's end or its timeout.
+STALL_AFTER_S = 0.05
+KILL_AT_S = 1.5
+STALL_TIMEOUT = timedelta(seconds=3)
+# Each: which env vars pick the path, and the call both ranks repeat.
+LINK_PATHS = {
+    "socket": {"TORCH_GRPC_PG_SHARED_MEMORY": "0"},
+    "tcp": {"TORCH_GRPC_PG_UNIX_SOCKETS": "0"},
+    "ring": {},
+}
+
+
+def _stall_call(op: str, tensor: torch.Tensor, rank: int) -> None:
+    if op == "broadcast":
+        dist.broadcast(tensor, 0)
+    elif op == "send":
+        if rank == 0:
+            dist.send(tensor, 1)
+        else:
+            dist.recv(tensor, 0)
+    else:
+        dist.all_reduce(tensor)
+
+
+def _peer_stalls(ctx: RankContext, op: str, path: str, kill: bool) -> Outcome:
+    os.environ.update(LINK_PATHS[path])
+    init_default_group(ctx, FAULT_TIMEOUT if kill else STALL_TIMEOUT)
+    tensor = torch.ones(LARGE_NUMEL // 4)
+    store = ctx.store()
+    if ctx.rank == VICTIM:
+        store.set("victim pid", str(os.getpid()))
+        store_barrier(store, ctx.world_size, "start fault")
+        # Stops in the middle of the series and takes no more data.
+        threading.Timer(STALL_AFTER_S, os.kill, (os.getpid(), signal.SIGSTOP)).start()
+        for _ in range(100_000):
+            _stall_call(op, tensor, ctx.rank)
+        raise AssertionError("the victim outlived its SIGSTOP")
+    victim = int(store.get("victim pid"))
+    if kill:
+        threading.Timer(KILL_AT_S, os.kill, (victim, signal.SIGKILL)).start()
+
+    def series() -> None:
+        for _ in range(100_000):
+            _stall_call(op, tensor, ctx.rank)
+
+    try:
+        return _attempt(ctx, series)
+    finally:
+        # A stopped victim never exits on its own; a killed one may be gone already.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    ("op", "path"),
+    [
+        ("broadcast", "socket"),
+        ("send", "socket"),
+        ("allreduce", "socket"),
+        ("broadcast", "tcp"),
+        ("send", "ring"),
+    ],
+)
+def test_peer_killed_while_this_rank_waits_for_it_to_take_its_data(
+    op: str, path: str
+) -> None:
+    (outcome,) = _run(
+        _peer_stalls, 2, op, path, True, expected_exitcodes={VICTIM: -signal.SIGKILL}
+    )
+    # The link's end fails the op, well before the group's timeout.
+    _assert_failed(outcome, op, [VICTIM], within_s=KILL_AT_S + 4.0)
+    assert "timed out" not in outcome.message, outcome.message
+
+
+@pytest.mark.parametrize("path", ["socket", "ring"])
+def test_stalled_peer_is_named_when_this_rank_times_out_sending_to_it(
+    path: str,
+) -> None:
+    (outcome,) = _run(
+        _peer_stalls,
+        2,
+        "broadcast",
+        path,
+        False,
+        expected_exitcodes={VICTIM: -signal.SIGKILL},
+    )
+    timeout_s = STALL_TIMEOUT.total_seconds()
+    _assert_failed(outcome, "broadcast", [VICTIM], within_s=timeout_s + LATE_S)
+    assert "timed out" in outcome.message, outcome.message
+    assert outcome.elapsed_s > 0.9 * timeout_s, outcome
 
 
 # --------------------------------------------------------------------------- point-to-point

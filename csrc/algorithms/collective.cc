@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "algorithms/collective_error.h"
 
@@ -129,13 +131,33 @@ ReceivedFrame Collective::recv(int src, uint64_t offset, uint64_t n) {
   return frame;
 }
 
-void Collective::wait_sends_released() {
-  if (!tracker_->wait_released(deadline_)) {
-    throw CollectiveError(describe() + " on rank " + std::to_string(rank_) + " timed out after " +
-                          std::to_string(timeout_.count()) +
-                          " ms waiting for its peers to take the data it sent. A peer may be "
-                          "stalled; if it is only slow, raise the process group timeout.");
+namespace {
+
+// "rank 1", "ranks 1 and 3", "ranks 1, 2 and 3".
+std::string ranks_phrase(const std::vector<int>& ranks) {
+  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) text += i + 1 == ranks.size() ? " and " : ", ";
+    text += std::to_string(ranks[i]);
   }
+  return text;
+}
+
+}  // namespace
+
+void Collective::wait_sends_released() {
+  const SendTracker::Outcome outcome = tracker_->wait_released(deadline_);
+  if (outcome.released) return;
+  const std::string self = describe() + " on rank " + std::to_string(rank_);
+  // The transport failed while this rank waited for its peers to take what
+  // it sent: the failure says which peer and how, and waiting on is in vain.
+  if (!outcome.abandoned.empty()) throw CollectiveError(self + " failed: " + outcome.abandoned);
+  const std::string peers = outcome.holding.empty() ? "its peers" : ranks_phrase(outcome.holding);
+  throw CollectiveError(self + " timed out after " + std::to_string(timeout_.count()) + " ms waiting for " + peers +
+                        " to take the data it sent. " + (outcome.holding.size() == 1 ? "It" : "They") +
+                        " may be stalled or no longer receiving; if " +
+                        (outcome.holding.size() == 1 ? "it is" : "they are") +
+                        " only slow, raise the timeout of init_process_group or new_group.");
 }
 
 void Collective::fail_mismatch(int src, const FrameHeader& theirs) const {

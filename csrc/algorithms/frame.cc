@@ -2,7 +2,6 @@
 
 #include <cstring>
 
-#include "algorithms/send_tracker.h"
 
 namespace tgpg {
 
@@ -22,21 +21,6 @@ void ReceivedFrame::copy_payload_to(void* dst, CopyFn copy) const {
     copy(out, view.data, view.size);
     out += view.size;
   }
-}
-
-void SendTracker::acquire() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  ++outstanding_;
-}
-
-void SendTracker::release() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (--outstanding_ == 0) released_.notify_all();
-}
-
-bool SendTracker::wait_released(std::chrono::steady_clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  return released_.wait_until(lock, deadline, [&] { return outstanding_ == 0; });
 }
 
 }  // namespace tgpg

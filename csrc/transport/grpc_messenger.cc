@@ -1,5 +1,6 @@
 #include "transport/grpc_messenger.h"
 
+#include <algorithm>
 #include <cctype>
 #include <stdexcept>
 
@@ -39,6 +40,7 @@ GrpcMessenger::GrpcMessenger(const TransportConfig& config, std::string group_ke
   // mailbox runs this once, on its first failure.
   mailbox_->on_first_failure([this](const std::string& reason) {
     monitor_->set_failure(reason);
+    abandon_trackers(reason);
     server_->refresh_health();
     write_flight_record();
     abort_peers(reason);
@@ -139,14 +141,43 @@ void GrpcMessenger::send(int dst, const FrameHeader& header, ByteView payload,
   }
   std::function<void()> release;
   if (payload.size > 0) {
-    tracker->acquire();
-    release = [tracker] { tracker->release(); };
+    watch(tracker);
+    tracker->acquire(dst);
+    release = [tracker, dst] { tracker->release(dst); };
   }
   const bool written = target->send(header, payload, std::move(release));
   if (!written) {
     throw CollectiveError("the connection to rank " + std::to_string(dst) + " is closed" +
                           (failed() ? ": " + failure() : std::string()));
   }
+}
+
+void GrpcMessenger::watch(const std::shared_ptr<SendTracker>& tracker) {
+  std::lock_guard<std::mutex> lock(trackers_mutex_);
+  if (!abandon_reason_.empty()) {
+    tracker->abandon(abandon_reason_);
+    return;
+  }
+  // An op sends many chunks with one tracker, and a few ops (point-to-point
+  // lanes) send at once: the list holds each live tracker once.
+  bool known = false;
+  trackers_.erase(std::remove_if(trackers_.begin(), trackers_.end(),
+                                 [&](const std::weak_ptr<SendTracker>& weak) {
+                                   const auto live = weak.lock();
+                                   known = known || live == tracker;
+                                   return !live;
+                                 }),
+                  trackers_.end());
+  if (!known) trackers_.push_back(tracker);
+}
+
+void GrpcMessenger::abandon_trackers(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(trackers_mutex_);
+  abandon_reason_ = reason.empty() ? "unknown failure" : reason;
+  for (const auto& weak : trackers_) {
+    if (auto tracker = weak.lock()) tracker->abandon(abandon_reason_);
+  }
+  trackers_.clear();
 }
 
 void GrpcMessenger::expect(int src, const FrameHeader& expected) {

@@ -51,6 +51,11 @@ class GrpcMessenger : public GroupTransport {
   std::shared_ptr<PeerLink> link(int peer);
   std::shared_ptr<PeerLink> find_link(int peer);
   void write_flight_record() const;
+  // A failed group's ops must not wait for payloads that will never reach a
+  // peer: the first failure abandons the trackers of ops that sent through
+  // this messenger, and any tracker that sends later.
+  void watch(const std::shared_ptr<SendTracker>& tracker);
+  void abandon_trackers(const std::string& reason);
 
   // How long closing the links may take in all, before streams are cut.
   static constexpr std::chrono::milliseconds kCloseTimeout{1000};
@@ -67,6 +72,9 @@ class GrpcMessenger : public GroupTransport {
   std::mutex links_mutex_;
   std::vector<std::shared_ptr<PeerLink>> links_;
   bool shut_down_ = false;
+  std::mutex trackers_mutex_;
+  std::vector<std::weak_ptr<SendTracker>> trackers_;  // live ones: see watch()
+  std::string abandon_reason_;                         // set by the first failure
   mutable std::mutex record_mutex_;  // one flight record written at a time
   std::mutex listeners_mutex_;
   std::vector<std::function<void(const std::string&)>> failure_listeners_;

@@ -11,17 +11,18 @@ namespace {
 // lets go of it.
 class PayloadHold {
  public:
-  explicit PayloadHold(std::shared_ptr<tgpg::SendTracker> tracker) : tracker_(std::move(tracker)) {
-    if (tracker_) tracker_->acquire();
+  PayloadHold(std::shared_ptr<tgpg::SendTracker> tracker, int dst) : tracker_(std::move(tracker)), dst_(dst) {
+    if (tracker_) tracker_->acquire(dst_);
   }
   ~PayloadHold() {
-    if (tracker_) tracker_->release();
+    if (tracker_) tracker_->release(dst_);
   }
   PayloadHold(const PayloadHold&) = delete;
   PayloadHold& operator=(const PayloadHold&) = delete;
 
  private:
   std::shared_ptr<tgpg::SendTracker> tracker_;
+  int dst_;
 };
 
 }  // namespace
@@ -44,7 +45,7 @@ class MemoryNetwork::RankMessenger : public tgpg::Messenger {
     if (network_.options_.zero_copy) {
       // As in the real transport, an empty payload holds no memory and is
       // released at once.
-      frame.owner = std::make_shared<PayloadHold>(payload.size > 0 ? tracker : nullptr);
+      frame.owner = std::make_shared<PayloadHold>(payload.size > 0 ? tracker : nullptr, dst);
     } else {
       auto copy = std::make_shared<std::vector<std::byte>>(payload.data, payload.data + payload.size);
       data = copy->data();
