@@ -28,6 +28,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// How long past the close deadline a cut call may take to end, and at least
+// how long after its cut, before its link is left open.
+constexpr std::chrono::milliseconds kCutGrace{1000};
+constexpr std::chrono::milliseconds kCutLeast{100};
+
 }  // namespace
 
 // One Exchange RPC. A reactor serves one call only, so a retried connection
@@ -118,13 +123,27 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
     if (send_writes_done) finish_writes();
   }
 
-  void wait_closed(Clock::time_point deadline) {
+  // Waits for the call's end until `deadline`, then cuts it and waits up to
+  // kCutGrace more. False if even the cut call has not ended: gRPC completes a
+  // cancelled call's writes only once the socket write in progress finishes,
+  // which a peer that is alive but reads nothing (stopped, hung) never lets
+  // happen. A later call does not wait again.
+  bool wait_closed(Clock::time_point deadline) {
     std::unique_lock<std::mutex> lock(mutex_);
-    if (!cv_.wait_until(lock, deadline, [&] { return done_; })) {
-      // The peer does not drain its side; cut the stream rather than hang.
-      context_.TryCancel();
-      cv_.wait(lock, [&] { return done_; });
-    }
+    if (cv_.wait_until(lock, deadline, [&] { return done_; })) return true;
+    if (cut_) return false;
+    cut_ = true;
+    lock.unlock();
+    context_.TryCancel();  // may finish the call inline, which takes mutex_
+    lock.lock();
+    // Links closed together share the deadline; one cut late still gets kCutLeast.
+    const auto cut_deadline = std::max(deadline + kCutGrace, Clock::now() + kCutLeast);
+    return cv_.wait_until(lock, cut_deadline, [&] { return done_; });
+  }
+
+  bool closed() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return done_;
   }
 
   void OnReadDone(bool ok) override {
@@ -319,6 +338,7 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   bool closing_ = false;
   bool writes_ended_ = false;  // the call is ending: no write may start
   bool hold_taken_ = false;    // someone has removed, or is about to remove, the hold
+  bool cut_ = false;           // wait_closed has cancelled the call
   bool done_ = false;
   std::function<void()> on_end_;  // see FrameStream::notify_end
 };
@@ -416,12 +436,23 @@ void PeerLink::wait_closed(std::chrono::steady_clock::time_point deadline) {
     writer = ring_writer_.get();
   }
   if (writer) writer->wait_closed(deadline);
-  stream_->wait_closed(deadline);
+  if (!stream_->wait_closed(deadline) && !left_open_) {
+    left_open_ = true;
+    log_warning("the link from " + description_ + " did not close: the peer neither takes what this rank sent "
+                "nor closes its end (it may be stopped or hung). The link stays open, holding what it had "
+                "queued, until the peer reads again or exits.");
+  }
 }
 
 PeerLink::~PeerLink() {
   begin_close();
   wait_closed(Clock::now() + std::chrono::seconds(2));
+  if (stream_->closed()) return;
+  // gRPC will still call the stream when the peer reads or goes, so it must
+  // outlive the link: it is left to run, and never freed. Its ring writer,
+  // whose thread and end hook use it, goes first, as the member order has it.
+  ring_writer_.reset();
+  static_cast<void>(stream_.release());
 }
 
 }  // namespace tgpg

@@ -46,7 +46,10 @@ class PeerLink {
   bool send(const FrameHeader& header, ByteView payload, std::function<void()> release);
 
   // Closing is split so that a group closes all its links at once: begin on
-  // every link, then wait on each under one deadline, past which the stream is cut.
+  // every link, then wait on each under one deadline, past which the stream is
+  // cut. A stream that does not end even then (its peer is alive but reads
+  // nothing, so gRPC's socket write never finishes) is left open, with a
+  // warning, rather than hang the caller: the destructor leaves it to gRPC.
   void begin_close();
   void wait_closed(std::chrono::steady_clock::time_point deadline);
 
@@ -65,6 +68,7 @@ class PeerLink {
   bool ring_possible_;
   uint32_t ring_slots_;
   uint64_t ring_slot_bytes_;
+  bool left_open_ = false;  // the stream did not end when cut (see wait_closed)
   // After stream_, so that it goes first: its thread writes to the stream.
   std::unique_ptr<RingWriter> ring_writer_;
 };
