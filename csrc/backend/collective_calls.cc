@@ -19,19 +19,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allreduce(std::vector<at::Tenso
   const at::Tensor& tensor = tensors[0];
   check_output(tensor, where);
   const DType dtype = to_dtype(tensor.scalar_type(), where);
-  const Reduction reduction = to_reduction(opts.reduceOp, dtype, where);
-  const std::optional<double> factor = premultiplier(opts.reduceOp, where);
+  const TorchReduction reduce_op = to_reduction(opts.reduceOp, dtype, where);
   auto stage = std::make_shared<HostStage>(tensor, /*copy_in=*/true);
   const auto count = static_cast<uint64_t>(tensor.numel());
   return enqueue(c10d::OpType::ALLREDUCE, "grpc:all_reduce", tensors, tensors, timeout_of(opts.timeout),
-                 [this, stage, dtype, reduction, factor, count](uint64_t seq, std::chrono::milliseconds timeout) {
+                 [this, stage, dtype, reduce_op, count](uint64_t seq, std::chrono::milliseconds timeout) {
                    stage->wait_ready();
-                   premultiply(stage->host(), factor);
+                   premultiply(stage->host(), reduce_op);
                    Collective c = collective(OpType::Allreduce, seq, dtype, count, timeout, keep_alive({stage->host()}),
-                                             /*root=*/0, reduction);
+                                             /*root=*/0, reduce_op.reduction);
                    tgpg::allreduce(c, stage->data(), options_.direct_max_bytes, hosts_);
                    c.wait_sends_released();
-                   if (reduction.average) stage->host().div_(size_);
+                   if (reduce_op.reduction.average) stage->host().div_(size_);
                    stage->write_back();
                  });
 }
@@ -47,23 +46,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allreduce_coalesced(
                 tensors[0].device(), " and ", t.scalar_type(), " on ", t.device(), ".");
   }
   const DType dtype = to_dtype(tensors[0].scalar_type(), where);
-  const Reduction reduction = to_reduction(opts.reduceOp, dtype, where);
-  const std::optional<double> factor = premultiplier(opts.reduceOp, where);
+  const TorchReduction reduce_op = to_reduction(opts.reduceOp, dtype, where);
   std::vector<at::Tensor> flat_views;
   flat_views.reserve(tensors.size());
   for (const auto& t : tensors) flat_views.push_back(t.reshape({-1}));
   at::Tensor packed = at::cat(flat_views).to(at::kCPU);
   return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "grpc:all_reduce_coalesced", tensors, tensors,
                  timeout_of(opts.timeout),
-                 [this, packed, tensors, dtype, reduction, factor](uint64_t seq,
-                                                                   std::chrono::milliseconds timeout) mutable {
-                   premultiply(packed, factor);
+                 [this, packed, tensors, dtype, reduce_op](uint64_t seq, std::chrono::milliseconds timeout) mutable {
+                   premultiply(packed, reduce_op);
                    Collective c = collective(OpType::AllreduceCoalesced, seq, dtype,
                                              static_cast<uint64_t>(packed.numel()), timeout, keep_alive({packed}),
-                                             /*root=*/0, reduction);
+                                             /*root=*/0, reduce_op.reduction);
                    tgpg::allreduce(c, static_cast<std::byte*>(packed.data_ptr()), options_.direct_max_bytes, hosts_);
                    c.wait_sends_released();
-                   if (reduction.average) packed.div_(size_);
+                   if (reduce_op.reduction.average) packed.div_(size_);
                    int64_t offset = 0;
                    for (auto& t : tensors) {
                      copy_into(t, packed.narrow(0, offset, t.numel()));

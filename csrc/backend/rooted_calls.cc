@@ -42,24 +42,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::reduce(std::vector<at::Tensor>&
   if (is_root) check_output(tensor, where);
   else check_dense(tensor, where);
   const DType dtype = to_dtype(tensor.scalar_type(), where);
-  const Reduction reduction = to_reduction(opts.reduceOp, dtype, where);
-  const std::optional<double> factor = premultiplier(opts.reduceOp, where);
+  const TorchReduction reduce_op = to_reduction(opts.reduceOp, dtype, where);
   // Only the root's tensor may change: the others reduce a private copy.
   auto stage = std::make_shared<HostStage>(tensor, /*copy_in=*/true);
   const auto root = static_cast<uint32_t>(opts.rootRank);
   const auto count = static_cast<uint64_t>(tensor.numel());
   return enqueue(c10d::OpType::REDUCE, "grpc:reduce", tensors, tensors, timeout_of(opts.timeout),
-                 [this, stage, dtype, reduction, factor, count, root, is_root](uint64_t seq,
-                                                                              std::chrono::milliseconds timeout) {
+                 [this, stage, dtype, reduce_op, count, root, is_root](uint64_t seq,
+                                                                      std::chrono::milliseconds timeout) {
                    stage->wait_ready();
                    at::Tensor work = is_root ? stage->host() : stage->host().clone();
-                   premultiply(work, factor);
+                   premultiply(work, reduce_op);
                    Collective c = collective(OpType::Reduce, seq, dtype, count, timeout, keep_alive({work}), root,
-                                             reduction);
+                                             reduce_op.reduction);
                    tgpg::allreduce(c, bytes_of(work), options_.direct_max_bytes, hosts_);
                    c.wait_sends_released();
                    if (!is_root) return;
-                   if (reduction.average) work.div_(size_);
+                   if (reduce_op.reduction.average) work.div_(size_);
                    stage->write_back();
                  });
 }
@@ -178,19 +177,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::reduce_scatter_packed(at::Tenso
                                                                        const c10d::ReduceScatterOptions& opts,
                                                                        const std::string& where) {
   const DType dtype = to_dtype(output.scalar_type(), where);
-  const Reduction reduction = to_reduction(opts.reduceOp, dtype, where);
-  const std::optional<double> factor = premultiplier(opts.reduceOp, where);
+  const TorchReduction reduce_op = to_reduction(opts.reduceOp, dtype, where);
   const int64_t n = output.numel();
   return enqueue(c10d::OpType::REDUCE_SCATTER, "grpc:reduce_scatter", inputs, {output}, timeout_of(opts.timeout),
-                 [this, packed, output, dtype, reduction, factor, n](uint64_t seq,
-                                                                     std::chrono::milliseconds timeout) mutable {
-                   premultiply(packed, factor);
+                 [this, packed, output, dtype, reduce_op, n](uint64_t seq, std::chrono::milliseconds timeout) mutable {
+                   premultiply(packed, reduce_op);
                    Collective c = collective(OpType::ReduceScatter, seq, dtype, static_cast<uint64_t>(n), timeout,
-                                             keep_alive({packed}), /*root=*/0, reduction);
+                                             keep_alive({packed}), /*root=*/0, reduce_op.reduction);
                    tgpg::reduce_scatter(c, bytes_of(packed));
                    c.wait_sends_released();
                    at::Tensor mine = packed.narrow(0, rank_ * n, n);
-                   if (reduction.average) mine.div_(size_);
+                   if (reduce_op.reduction.average) mine.div_(size_);
                    copy_into(output, mine);
                  });
 }

@@ -47,7 +47,21 @@ DType to_dtype(at::ScalarType type, const std::string& where) {
   }
 }
 
-Reduction to_reduction(const c10d::ReduceOp& op, DType dtype, const std::string& where) {
+namespace {
+
+std::optional<double> premultiplier(const c10d::ReduceOp& op, const std::string& where) {
+  if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return std::nullopt;
+  const auto* supplement = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+  TORCH_CHECK(supplement != nullptr, where, ": ReduceOp.PREMUL_SUM came without its factor; make it with "
+              "dist.ReduceOp.PREMUL_SUM(factor).");
+  // A tensor factor may live on a device; reading it here waits for it there.
+  if (supplement->tensor_factor.defined()) return supplement->tensor_factor.item<double>();
+  return supplement->double_factor;
+}
+
+}  // namespace
+
+TorchReduction to_reduction(const c10d::ReduceOp& op, DType dtype, const std::string& where) {
   const bool complex = dtype == DType::Complex32 || dtype == DType::Complex64 || dtype == DType::Complex128;
   TORCH_CHECK(is_reducible(dtype), where, ": the grpc backend moves ", dtype_name(dtype),
               " tensors (broadcast, gathers, scatter, all-to-all, send and receive) but does not reduce them. ",
@@ -78,21 +92,11 @@ Reduction to_reduction(const c10d::ReduceOp& op, DType dtype, const std::string&
   }
   TORCH_CHECK(reduction_supported(dtype, r.op), where, ": ReduceOp.", reduce_op_name(r.op),
               " is a bitwise op and needs an integer or bool tensor, got ", dtype_name(dtype), ".");
-  return r;
+  return {r, premultiplier(op, where)};
 }
 
-std::optional<double> premultiplier(const c10d::ReduceOp& op, const std::string& where) {
-  if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return std::nullopt;
-  const auto* supplement = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
-  TORCH_CHECK(supplement != nullptr, where, ": ReduceOp.PREMUL_SUM came without its factor; make it with "
-              "dist.ReduceOp.PREMUL_SUM(factor).");
-  // A tensor factor may live on a device; reading it here waits for it there.
-  if (supplement->tensor_factor.defined()) return supplement->tensor_factor.item<double>();
-  return supplement->double_factor;
-}
-
-void premultiply(const at::Tensor& t, const std::optional<double>& factor) {
-  if (factor) t.mul_(*factor);
+void premultiply(const at::Tensor& t, const TorchReduction& reduce) {
+  if (reduce.premultiplier) t.mul_(*reduce.premultiplier);
 }
 
 }  // namespace tgpg

@@ -16,16 +16,19 @@ namespace tgpg {
 // something this backend cannot do.
 DType to_dtype(at::ScalarType type, const std::string& where);
 
-// PREMUL_SUM is SUM here; its factor comes from premultiplier(), called after.
-Reduction to_reduction(const c10d::ReduceOp& op, DType dtype, const std::string& where);
+// A torch reduce op as this backend runs it: `reduction` for the algorithms,
+// and for PREMUL_SUM (which runs as SUM) the factor each rank multiplies its
+// own input by first (FSDP2 divides gradients so under
+// set_gradient_divide_factor). One call gives both, so no op can run a
+// PREMUL_SUM as a plain SUM. Raises when a PREMUL_SUM carries no factor; a
+// tensor factor is read here, once per call.
+struct TorchReduction {
+  Reduction reduction;
+  std::optional<double> premultiplier;
+};
+TorchReduction to_reduction(const c10d::ReduceOp& op, DType dtype, const std::string& where);
 
-// The factor that PREMUL_SUM has each rank multiply its own input by before
-// the SUM (FSDP2 divides gradients so under set_gradient_divide_factor); none
-// for every other op. Raises when a PREMUL_SUM carries no factor. A tensor
-// factor is read here, once per call.
-std::optional<double> premultiplier(const c10d::ReduceOp& op, const std::string& where);
-
-// Multiplies `t` by the factor, if any, in place.
-void premultiply(const at::Tensor& t, const std::optional<double>& factor);
+// Multiplies `t` in place by the reduction's premultiplier, if it has one.
+void premultiply(const at::Tensor& t, const TorchReduction& reduce);
 
 }  // namespace tgpg
