@@ -372,7 +372,7 @@ def test_peer_killed_during_64mib_allreduce(world: int) -> None:
 STALL_AFTER_S = 0.05
 KILL_AT_S = 1.5
 STALL_TIMEOUT = timedelta(seconds=3)
-# Each: which env vars pick the path, and the call both ranks repeat.
+# The environment that sends a link's chunks down each path.
 LINK_PATHS = {
     "socket": {"TORCH_GRPC_PG_SHARED_MEMORY": "0"},
     "tcp": {"TORCH_GRPC_PG_UNIX_SOCKETS": "0"},
@@ -396,23 +396,22 @@ def _peer_stalls(ctx: RankContext, op: str, path: str, kill: bool) -> Outcome:
     os.environ.update(LINK_PATHS[path])
     init_default_group(ctx, FAULT_TIMEOUT if kill else STALL_TIMEOUT)
     tensor = torch.ones(LARGE_NUMEL // 4)
+
+    def series() -> None:
+        for _ in range(100_000):
+            _stall_call(op, tensor, ctx.rank)
+
     store = ctx.store()
     if ctx.rank == VICTIM:
         store.set("victim pid", str(os.getpid()))
         store_barrier(store, ctx.world_size, "start fault")
         # Stops in the middle of the series and takes no more data.
         threading.Timer(STALL_AFTER_S, os.kill, (os.getpid(), signal.SIGSTOP)).start()
-        for _ in range(100_000):
-            _stall_call(op, tensor, ctx.rank)
+        series()
         raise AssertionError("the victim outlived its SIGSTOP")
     victim = int(store.get("victim pid"))
     if kill:
         threading.Timer(KILL_AT_S, os.kill, (victim, signal.SIGKILL)).start()
-
-    def series() -> None:
-        for _ in range(100_000):
-            _stall_call(op, tensor, ctx.rank)
-
     try:
         return _attempt(ctx, series)
     finally:
