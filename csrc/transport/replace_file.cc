@@ -3,35 +3,36 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <system_error>
 
 namespace tgpg {
 
 bool replace_file(const std::string& path, const std::string& content) {
+  namespace fs = std::filesystem;
   // Unique per process and call, so that concurrent writers never share a
   // temporary; hidden and without the final name's suffix, so that a reader
   // globbing for the final files never picks one up.
   static std::atomic<unsigned long> next{0};
-  const auto slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? std::string() : path.substr(0, slash + 1);
-  const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
-  const std::string temporary =
-      dir + "." + base + "." + std::to_string(::getpid()) + "." + std::to_string(next.fetch_add(1)) + ".partial";
+  const fs::path target(path);
+  const fs::path temporary = target.parent_path() / ("." + target.filename().string() + "." +
+                                                     std::to_string(::getpid()) + "." +
+                                                     std::to_string(next.fetch_add(1)) + ".partial");
+  std::error_code error;
   {
     std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
     out << content;
     out.flush();
     if (!out) {
-      std::remove(temporary.c_str());
+      fs::remove(temporary, error);
       return false;
     }
   }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    std::remove(temporary.c_str());
-    return false;
-  }
-  return true;
+  fs::rename(temporary, target, error);
+  if (!error) return true;
+  fs::remove(temporary, error);
+  return false;
 }
 
 }  // namespace tgpg
