@@ -35,6 +35,7 @@ pytestmark = pytest.mark.skipif(
 TOKEN = "the-real-token"
 NUMEL = 1000
 OP_ALLREDUCE, FLOAT32, SUM = 1, 1, 1
+OP_POINT_TO_POINT = 11
 
 
 def _backend() -> object:
@@ -57,10 +58,16 @@ def _exact_allreduce() -> bool:
 
 # --------------------------------------------------------------------------- injection
 
+# What a caller that has not proved the token hears, whatever the reason.
+REFUSED = "refused; a rank tells why only to a caller that proves it holds"
 
-def _inject(ctx: RankContext, token: str, attacker_token: str) -> dict[str, object]:
-    """Rank 1's process plays a stranger claiming to be rank 1 towards rank 0, then the
-    group runs the allreduce the stranger tried to answer for."""
+
+def _inject(
+    ctx: RankContext, token: str, attacker_token: str, stream: str
+) -> dict[str, object]:
+    """Rank 1's process plays a stranger claiming to be rank 1 towards rank 0, on the
+    group's collective or point-to-point stream, after init and before any send; then
+    the group runs the allreduce and the send the stranger tried to answer for."""
     import wire_client as wc
 
     if token:
@@ -70,38 +77,40 @@ def _inject(ctx: RankContext, token: str, attacker_token: str) -> dict[str, obje
     addresses = _publish_and_read(ctx, "tcp", backend.tcp_address)
     report: dict[str, object] = {}
     if ctx.rank == 1:
-        link, last = wc.handshake(
-            addresses[0], backend.group_key, 1, 0, 2, attacker_token, check_server=False
+        key = backend.group_key + ("/p2p" if stream == "p2p" else "")
+        link, welcome = wc.handshake(
+            addresses[0], key, 1, 0, 2, attacker_token, check_server=False
         )
-        refusal = (
-            last.welcome.error if last.HasField("welcome") else last.challenge.error
-        )
-        # The frame that would have answered the next allreduce with 1000s.
+        # The frames that would have answered the next allreduce, or the next recv, with 1000s.
+        thousands = b"\x00\x00\x7a\x44" * NUMEL
         link.send_frame(
-            wc.data_frame(
-                1,
-                OP_ALLREDUCE,
-                FLOAT32,
-                NUMEL,
-                b"\x00\x00\x7a\x44" * NUMEL,
-                reduction=SUM,
-            )
+            wc.data_frame(1, OP_ALLREDUCE, FLOAT32, NUMEL, thousands, reduction=SUM)
         )
-        report["refusal"] = refusal
-        report["status"] = link.status()[0].name
+        link.send_frame(wc.data_frame(1, OP_POINT_TO_POINT, FLOAT32, NUMEL, thousands))
+        code, details = link.status()
+        report.update(welcomed=welcome is not None, status=code.name, refusal=details)
         link.close()
     store_barrier(ctx.store(), ctx.world_size, "attacked")
     report["exact"] = _exact_allreduce()
+    received = torch.zeros(NUMEL)
+    if ctx.rank == 1:
+        dist.send(torch.full((NUMEL,), 7.0), dst=0)
+    else:
+        dist.recv(received, src=1)
+        report["received_exact"] = bool(
+            torch.equal(received, torch.full((NUMEL,), 7.0))
+        )
     return report
 
 
+@pytest.mark.parametrize("stream", ["collectives", "p2p"])
 @pytest.mark.parametrize(
     ("token", "attacker_token", "refusal"),
     [
-        ("", "", "already has a stream open"),
-        (TOKEN, "", "authentication failed"),
-        (TOKEN, "a-guess", "authentication failed"),
-        (TOKEN, TOKEN, "already has a stream open"),
+        ("", "", "already has a stream"),
+        (TOKEN, "", REFUSED),
+        (TOKEN, "a-guess", REFUSED),
+        (TOKEN, TOKEN, "already has a stream"),
     ],
     ids=[
         "no-token",
@@ -111,61 +120,93 @@ def _inject(ctx: RankContext, token: str, attacker_token: str) -> dict[str, obje
     ],
 )
 def test_stranger_cannot_answer_for_a_rank(
-    token: str, attacker_token: str, refusal: str
+    token: str, attacker_token: str, refusal: str, stream: str
 ) -> None:
-    results = run_ranks(_inject, 2, token, attacker_token)
+    results = run_ranks(_inject, 2, token, attacker_token, stream)
     attack = results[1].value
+    assert not attack["welcomed"], attack
     assert refusal in attack["refusal"], attack
     assert attack["status"] == "PERMISSION_DENIED", attack
     for res in results:
         assert res.value["exact"], f"rank {res.rank}: the allreduce result changed"
+    assert results[0].value["received_exact"], results[0].value
 
 
-def _replay(ctx: RankContext) -> dict[str, str]:
-    """A proof captured from one handshake is worthless in the next: the nonces differ."""
+def _claim_after_the_end(ctx: RankContext, token: str) -> dict[str, object]:
+    """Rank 1 of a group is played from Python: it sends rank 0 one message on its
+    point-to-point stream and ends that stream. A stranger (or rank 1 itself, holding the
+    token) then claims rank 1's place again: the place stays taken for the group's life."""
     import wire_client as wc
 
-    os.environ["TORCH_GRPC_PG_AUTH_TOKEN"] = TOKEN
-    init_default_group(ctx)
-    backend = _backend()
-    addresses = _publish_and_read(ctx, "tcp", backend.tcp_address)
-    out: dict[str, str] = {}
+    import torch_grpc_pg
+
+    store = dist.PrefixStore("claim", ctx.store())
+    report: dict[str, object] = {}
     if ctx.rank == 0:
-        # A handshake as a captured one: the proof over its server's nonce.
-        first = wc.Link(addresses[1])
-        hello = wc.hello(backend.group_key, 0, 1, 2)
-        first.send_frame(hello)
-        old = first.reply().challenge
-        captured = wc.proof(
-            TOKEN, "client", backend.group_key, 0, 1, 2, hello.hello.nonce, old.nonce
+        pg = torch_grpc_pg.ProcessGroupGrpc(
+            store,
+            0,
+            2,
+            timedelta(seconds=20),
+            "claim",
+            **torch_grpc_pg.Options(auth_token=token, unix_sockets=False).as_kwargs(),
         )
-        first.close()
-        # Replayed with the same Hello on a new stream: the server's nonce is new.
-        second = wc.Link(addresses[1])
-        second.send_frame(hello)
-        new = second.reply().challenge
-        second.send_frame(wc.pb.Frame(proof=wc.pb.Proof(proof=captured)))
-        out["nonce_changed"] = str(new.nonce != old.nonce)
-        out["refusal"] = second.reply().welcome.error
-        second.close()
-    store_barrier(ctx.store(), ctx.world_size, "replayed")
-    out["exact"] = str(_exact_allreduce())
-    return out
+        first, second = torch.zeros(NUMEL), torch.zeros(NUMEL)
+        pg.recv([first], 1, 0).wait()
+        report["first"] = first[0].item()
+        store.set("first taken", "1")
+        store.wait(["claimed"])
+        try:
+            pg.recv([second], 1, 0).wait()
+            report["second"] = second[0].item()
+        except RuntimeError as exc:
+            report["second_error"] = str(exc)
+        store.set("second done", "1")
+    else:
+        rank = wc.PythonRank(store, 1, 2, "claim", token=token)
+        rank.join()
+        link = rank.open(0, p2p=True, unix=False)
+        message = wc.data_frame(
+            1, OP_POINT_TO_POINT, FLOAT32, NUMEL, b"\x00\x00\x80\x3f" * NUMEL
+        )
+        link.send_frame(message)
+        store.wait(["first taken"])
+        link.close()  # the stream ends: rank 1 is gone, as far as rank 0 can tell
+        time.sleep(0.5)
+        again, welcome = wc.handshake(
+            rank.target(0, unix=False), rank.group_key + "/p2p", 1, 0, 2, token
+        )
+        second = wc.data_frame(
+            2, OP_POINT_TO_POINT, FLOAT32, NUMEL, b"\x00\x00\x7a\x44" * NUMEL
+        )
+        again.send_frame(second)
+        # A refused stream has ended with its reason; a welcomed one would run on.
+        _, details = again.status() if welcome is None else (None, "welcomed")
+        report.update(welcomed=welcome is not None, refusal=details)
+        store.set("claimed", "1")
+        store.wait(["second done"])
+        again.close()
+        rank.leave()
+    return report
 
 
-def test_a_captured_proof_cannot_be_replayed() -> None:
-    results = run_ranks(_replay, 2)
-    assert results[0].value["nonce_changed"] == "True"
-    assert "authentication failed" in results[0].value["refusal"], results[0].value
-    assert all(r.value["exact"] == "True" for r in results)
+@pytest.mark.parametrize("token", ["", TOKEN], ids=["no-token", "token"])
+def test_a_place_stays_taken_after_its_stream_ends(token: str) -> None:
+    victim, attacker = (r.value for r in run_ranks(_claim_after_the_end, 2, token))
+    assert victim["first"] == 1.0, victim
+    assert not attacker["welcomed"], attacker
+    assert "already has a stream" in attacker["refusal"], attacker
+    # The second receive fails, naming rank 1's end; it never returns the 1000s.
+    assert "second" not in victim, victim
+    assert "rank 1 closed its connection" in victim["second_error"], victim
 
 
 # --------------------------------------------------------------------------- a planted server
 
 
 def _dial_planted_server(ctx: RankContext) -> dict[str, object]:
-    """Rank 1's address in the store is the attacker's: rank 0 must refuse it, and the
-    attacker must learn nothing it can replay (no Proof, no token)."""
+    """Rank 1's address in the store is the attacker's: rank 0 must refuse it and write no
+    frame to it, and the attacker must not learn the token."""
     import wire_client as wc
 
     import torch_grpc_pg
@@ -193,37 +234,51 @@ def _dial_planted_server(ctx: RankContext) -> dict[str, object]:
     except Exception as exc:
         error = str(exc)
     planted.stop()
-    kinds = [[f.name for f, _ in m.ListFields()] for m in planted.received]
-    raw = b"".join(m.SerializeToString() for m in planted.received)
-    return {"error": error, "kinds": kinds, "token_seen": TOKEN.encode() in raw}
+    raw = b"".join(h.SerializeToString() for h in planted.hellos) + b"".join(
+        planted.messages
+    )
+    return {
+        "error": error,
+        "hellos": len(planted.hellos),
+        "messages": len(planted.messages),
+        "token_seen": TOKEN.encode() in raw,
+    }
 
 
 def test_a_server_planted_in_the_store_is_refused_and_learns_nothing() -> None:
     outcome = run_ranks(_dial_planted_server, 1)[0].value
     assert "could not prove that it holds" in outcome["error"], outcome
-    assert outcome["kinds"] == [["hello"]], outcome
+    assert outcome["hellos"] >= 1 and outcome["messages"] == 0, outcome
     assert not outcome["token_seen"]
 
 
-# --------------------------------------------------------------------------- memory bounds
+# --------------------------------------------------------------------------- floods
 
 
-def _send_flood(address: str, kind: str) -> list[str]:
-    """Opens one stream per message to ``address``, sends it unauthenticated, returns each
-    stream's status code."""
+def _send_flood(address: str, kind: str, group_key: str) -> list[str]:
+    """Opens one stream per message to ``address`` and sends the message on it without
+    authenticating: half of the streams carry no Hello, the other half one whose proof is
+    a guess. Returns each stream's status code."""
     import wire_client as wc
 
     if kind == "huge":
-        messages = [b"\x1a" * (512 << 20)] * 4  # four 512 MiB handshakes
+        messages = [b"\x1a" * (512 << 20)] * 4  # four 512 MiB messages
     else:
         big = b"\x0a" * (8 << 20)  # over the receive limit
-        medium = b"\x0a" * ((2 << 20) + 1024)  # within it, far over a Hello's
+        medium = b"\x0a" * ((2 << 20) + 1024)  # within it
         messages = [big] * 64 + [medium] * 64
     options = [
         ("grpc.max_send_message_length", -1),
         ("grpc.use_local_subchannel_pool", 1),
     ]
-    links = [wc.Link(address, options) for _ in messages]
+    links = [
+        wc.Link(
+            address,
+            wc.hello(group_key, 1, 0, 2, "a-guess") if i % 2 else None,
+            channel_options=options,
+        )
+        for i in range(len(messages))
+    ]
     for link, message in zip(links, messages):
         link.send(message)
     codes = [link.status()[0].name for link in links]
@@ -232,17 +287,22 @@ def _send_flood(address: str, kind: str) -> list[str]:
     return codes
 
 
-def _flood(ctx: RankContext, token: str, kind: str) -> dict[str, object]:
-    """A process that rank 1 starts floods rank 0's server with unauthenticated messages on
-    many streams while rank 0 samples its own memory; then the group runs an allreduce."""
+def _flood(ctx: RankContext, token: str, kind: str, unix: bool) -> dict[str, object]:
+    """While the two ranks allreduce 1 MiB in a loop, a process that rank 1 starts floods
+    rank 0's port with unauthenticated streams; rank 0 samples its own memory."""
     if token:
         os.environ["TORCH_GRPC_PG_AUTH_TOKEN"] = token
+    os.environ["TORCH_GRPC_PG_UNIX_SOCKETS"] = "1" if unix else "0"
     init_default_group(ctx)
     backend = _backend()
     addresses = _publish_and_read(ctx, "tcp", backend.tcp_address)
-    _exact_allreduce()
-    peak = [0]
-    stop = threading.Event()
+    tensor = torch.ones(256 << 10)
+    for _ in range(
+        20
+    ):  # the allocations a running job keeps are made before the baseline
+        dist.all_reduce(tensor)
+    store = ctx.store()
+    peak, stop = [0], threading.Event()
     if ctx.rank == 0:
         process = psutil.Process()
         baseline = process.memory_info().rss
@@ -254,59 +314,69 @@ def _flood(ctx: RankContext, token: str, kind: str) -> dict[str, object]:
 
         sampler = threading.Thread(target=sample)
         sampler.start()
-    store_barrier(ctx.store(), ctx.world_size, "flood start")
-    codes: list[str] = []
-    if ctx.rank == 1:
-        # The attacker is a process of its own, as a stranger would be: what its
-        # gRPC client does at exit is no part of either rank's.
-        spawn = multiprocessing.get_context("spawn")
-        with spawn.Pool(1) as pool:
-            codes = pool.apply(_send_flood, (addresses[0], kind))
-    store_barrier(ctx.store(), ctx.world_size, "flood end")
+    else:
+
+        def attack() -> None:
+            # A process of its own, as a stranger would be.
+            spawn = multiprocessing.get_context("spawn")
+            with spawn.Pool(1) as pool:
+                codes = pool.apply(_send_flood, (addresses[0], kind, backend.group_key))
+            store.set("flood codes", ",".join(codes))
+
+        attacker = threading.Thread(target=attack)
+        attacker.start()
+    # Both ranks run allreduces until the flood is over, and decide together when to stop.
+    rounds, errors, exact = 0, [], True
+    while True:
+        flood_over = store.check(["flood codes"])
+        value = torch.full((256 << 10,), float(ctx.rank + 1))
+        try:
+            dist.all_reduce(value)
+        except RuntimeError as exc:
+            errors.append(str(exc))
+            break
+        exact = exact and bool(torch.equal(value, torch.full_like(value, 3.0)))
+        rounds += 1
+        stop_now = torch.tensor([1 if flood_over else 0])
+        dist.all_reduce(stop_now, op=dist.ReduceOp.MIN)
+        if stop_now.item():
+            break
     stop.set()
     if ctx.rank == 0:
         sampler.join()
-    try:
-        exact, error = _exact_allreduce(), ""
-    except RuntimeError as exc:
-        exact, error = False, str(exc)
+    else:
+        attacker.join()
+    codes = store.get("flood codes").decode().split(",")
     return {
         "peak_mib": peak[0] / (1 << 20),
         "exact": exact,
-        "error": error,
+        "errors": errors,
+        "rounds": rounds,
         "refused": sum(c != "OK" for c in codes),
         "streams": len(codes),
     }
 
 
-# The server's memory quota at world 2: 128 MiB of reserve plus 2 x (8 queued chunks and a
-# 16 MiB window) for the one peer on each of the group's two streams (collectives and
-# point-to-point), about 256 MiB. Without it, the four 512 MiB messages alone took gigabytes.
-QUOTA_MIB = 256
+# What a stranger may make a rank hold, at most, while it floods: the issue's bound.
+FLOOD_MIB = 64
 
 
-@pytest.mark.parametrize("token", ["", TOKEN], ids=["no-token", "token"])
-def test_unauthenticated_floods_are_refused_and_bounded(token: str) -> None:
-    results = run_ranks(_flood, 2, token, "many", timeout_s=300)
+@pytest.mark.parametrize("unix", [False, True], ids=["tcp", "unix"])
+@pytest.mark.parametrize(
+    ("token", "kind"),
+    [("", "many"), (TOKEN, "many"), (TOKEN, "huge")],
+    ids=["no-token-many", "token-many", "token-huge"],
+)
+def test_floods_of_strangers_neither_stop_a_job_nor_grow_its_memory(
+    token: str, kind: str, unix: bool
+) -> None:
+    results = run_ranks(_flood, 2, token, kind, unix, timeout_s=300)
     victim, attacker = results[0].value, results[1].value
-    assert attacker["refused"] == attacker["streams"] == 128, attacker
-    assert victim["peak_mib"] < QUOTA_MIB + 64, victim
+    assert attacker["refused"] == attacker["streams"], attacker
+    assert victim["peak_mib"] < FLOOD_MIB, victim
     for res in results:
-        assert res.value["exact"], res.value
-
-
-def test_oversized_messages_are_bounded_by_the_memory_quota() -> None:
-    results = run_ranks(_flood, 2, "", "huge", timeout_s=300)
-    victim, attacker = results[0].value, results[1].value
-    assert attacker["refused"] == attacker["streams"] == 4, attacker
-    # The quota is enforced as gRPC allocates, so four connections can overshoot it
-    # before it reclaims: bounded, not exact (without it: gigabytes).
-    assert victim["peak_mib"] < 2 * QUOTA_MIB, victim
-    # gRPC reads a whole message before it checks its size; at the quota it sheds
-    # connections, and it may shed the group's own. The group then fails loudly on every
-    # rank; it never returns a wrong result.
-    for res in results:
-        assert res.value["exact"] or "rank" in res.value["error"], res.value
+        assert not res.value["errors"], res.value
+        assert res.value["exact"] and res.value["rounds"] > 0, res.value
 
 
 # --------------------------------------------------------------------------- local exposure

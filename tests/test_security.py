@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,6 +11,7 @@ import torch.distributed as dist
 
 from dist_harness import RankContext, backend_under_test, init_groups, run_ranks
 from reference import all_inputs, assert_same_as_gloo, seed_of
+from torch_grpc_pg.pki import make_local_pki
 
 pytestmark = pytest.mark.skipif(
     backend_under_test() != "grpc",
@@ -58,64 +57,7 @@ def test_mismatched_auth_token_fails_at_init_and_says_why() -> None:
 
 def _make_pki(directory: Path) -> dict[str, str]:
     """A CA and one certificate valid for this host, as every rank of a test shares."""
-
-    def openssl(*args: str) -> None:
-        subprocess.run(
-            ["openssl", *args], check=True, capture_output=True, cwd=directory
-        )
-
-    openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=test-ca",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-    )
-    names = f"DNS:localhost,DNS:{socket.gethostname()},IP:127.0.0.1"
-    (directory / "ext.cnf").write_text(f"subjectAltName={names}\n")
-    openssl(
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/CN=rank",
-        "-keyout",
-        "rank.key",
-        "-out",
-        "rank.csr",
-    )
-    openssl(
-        "x509",
-        "-req",
-        "-in",
-        "rank.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "2",
-        "-extfile",
-        "ext.cnf",
-        "-out",
-        "rank.pem",
-    )
-    return {
-        "TORCH_GRPC_PG_TLS_CERT": str(directory / "rank.pem"),
-        "TORCH_GRPC_PG_TLS_KEY": str(directory / "rank.key"),
-        "TORCH_GRPC_PG_TLS_CA": str(directory / "ca.pem"),
-        "TORCH_GRPC_PG_ADVERTISE_HOST": "127.0.0.1",
-    }
+    return make_local_pki(directory)
 
 
 @pytest.mark.parametrize("unix_sockets", ["1", "0"])

@@ -1,10 +1,10 @@
 """Shared rings between ranks on one host: used when they can be, off when asked, and
 safe against a peer that offers or names what it should not.
 
-The attacks play rank 1 of a group from a grpcio client built from protos/: it opens the
-group's point-to-point stream to rank 0 (which rank 1's own process never opened), offers
-a ring, switches to it, and sends records in its queue that name slots in it; or names a
-slot on the stream, which no rank does. The file layout they write is the one
+The attacks play rank 1 of a group from Python (tests/wire_client.py's PythonRank, a grpcio
+client built from protos/): it opens the group's point-to-point stream to rank 0, offers a
+ring (of its own, or a file of rank 0's own process), switches to it, and sends records in
+its queue that name slots in it; or names a slot on the stream, which no rank does. The file layout they write is the one
 csrc/transport/shared_ring.cc defines and protos/torch_grpc_pg.proto describes.
 """
 
@@ -207,6 +207,7 @@ class ForgedRing:
     """A ring made the way a rank makes one, but by hand: a sealed memfd with the header."""
 
     def __init__(self, name: str) -> None:
+        self.name = name
         self.fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         self.size = _file_bytes(SLOTS, SLOT_BYTES)
         os.ftruncate(self.fd, self.size)
@@ -292,6 +293,12 @@ def _maps_of_this_process(name: str) -> bool:
         return any(f"/memfd:{name}" in line for line in maps)
 
 
+def _mapped_count(name: str) -> int:
+    """How many mappings of the memory file `name` this process has."""
+    with open("/proc/self/maps") as maps:
+        return sum(f"/memfd:{name}" in line for line in maps)
+
+
 def _still_mapped_after(name: str, seconds: float) -> bool:
     """Whether the ring stays mapped: the server lets go of a refused stream's ring only
     once gRPC is done with the call, a moment after the caller has read its status."""
@@ -314,13 +321,31 @@ def _offer_and_switch(link: Any, ring: ForgedRing, offer: Any) -> dict[str, Any]
 
 # What rank 1 plays, by case: the target rank 0 is dialled on, and what it sends. Each
 # returns what it saw, for the parent to check.
-def _attack_tcp(link: Any, ring: ForgedRing, _: Callable[[], None]) -> dict[str, Any]:
+def _attack_tcp(link: Any, ring: ForgedRing, *_: Any) -> dict[str, Any]:
     return _offer_and_switch(link, ring, ring.offer())
 
 
-def _attack_regular_file(
-    link: Any, ring: ForgedRing, _: Callable[[], None]
+def _attack_own_ring_back(
+    link: Any, ring: ForgedRing, _: Callable[[], None], store: Any
 ) -> dict[str, Any]:
+    """Offers rank 0 a ring file of rank 0's own process: genuine-looking, sealed, of the
+    right size, with the token it holds; only whose it is gives it away."""
+    import wire_client as wc
+
+    pid, fd, token = store.get("own-ring").decode().split()
+    offer = wc.pb.Frame(
+        ring_offer=wc.pb.RingOffer(
+            pid=int(pid),
+            fd=int(fd),
+            slots=SLOTS,
+            slot_bytes=SLOT_BYTES,
+            token=bytes.fromhex(token),
+        )
+    )
+    return _offer_and_switch(link, ring, offer)
+
+
+def _attack_regular_file(link: Any, ring: ForgedRing, *_: Any) -> dict[str, Any]:
     # A file of exactly a ring's size, and a valid-looking header: only its kind is wrong.
     with tempfile.TemporaryFile() as regular:
         regular.truncate(ring.size)
@@ -329,9 +354,7 @@ def _attack_regular_file(
         return _offer_and_switch(link, ring, ring.offer(fd=regular.fileno()))
 
 
-def _slot_named_on_the_stream(
-    link: Any, ring: ForgedRing, _: Callable[[], None]
-) -> dict[str, Any]:
+def _slot_named_on_the_stream(link: Any, ring: ForgedRing, *_: Any) -> dict[str, Any]:
     """A slot of a genuine, mapped ring, named on the stream instead of in a record."""
     link.send_frame(ring.offer())
     seen = {"attached": ring.wait_attached()}
@@ -350,12 +373,12 @@ def _switch() -> Any:
 
 def _switch_then(
     forge: Callable[[Any, ForgedRing], None],
-) -> Callable[[Any, ForgedRing, Callable[[], None]], dict[str, Any]]:
+) -> Callable[[Any, ForgedRing, Callable[[], None], Any], dict[str, Any]]:
     """Switches to a genuine ring, sends message 1 through a record that names a slot,
     then, once rank 0 has received it, does what `forge` does."""
 
     def attack(
-        link: Any, ring: ForgedRing, wait_taken: Callable[[], None]
+        link: Any, ring: ForgedRing, wait_taken: Callable[[], None], _: Any
     ) -> dict[str, Any]:
         link.send_frame(ring.offer())
         seen = {"attached": ring.wait_attached()}
@@ -390,9 +413,7 @@ def _data_on_the_stream_after_the_switch(link: Any, _: ForgedRing) -> None:
     link.send_frame(_message(2, None, payload))
 
 
-def _switch_without_a_ring(
-    link: Any, ring: ForgedRing, _: Callable[[], None]
-) -> dict[str, Any]:
+def _switch_without_a_ring(link: Any, ring: ForgedRing, *_: Any) -> dict[str, Any]:
     link.send_frame(_switch())
     return {"attached": ring.attached(), "code": link.status()[0].name}
 
@@ -401,6 +422,7 @@ def _switch_without_a_ring(
 # receives rank 0 makes (one that succeeds, then one that fails; or one that fails).
 ATTACKS: dict[str, tuple[bool, Callable[..., dict[str, Any]], int]] = {
     "offer-over-tcp": (False, _attack_tcp, 1),
+    "offer-of-the-receivers-own-ring": (True, _attack_own_ring_back, 1),
     "offer-names-a-regular-file": (True, _attack_regular_file, 1),
     "slot-out-of-range": (True, _switch_then(_slot_out_of_range), 2),
     "record-longer-than-a-record": (
@@ -424,42 +446,52 @@ ATTACKS: dict[str, tuple[bool, Callable[..., dict[str, Any]], int]] = {
 
 
 def _ring_attack(ctx: RankContext, case: str) -> dict[str, Any]:
+    """Rank 0 of a group of two is real; rank 1 is played from Python (PythonRank), which
+    holds rank 1's place and opens the group's point-to-point stream to rank 0 itself."""
     import wire_client as wc
+
+    import torch_grpc_pg
+    from torch_grpc_pg import _C
 
     over_unix, attack, receives = ATTACKS[case]
     init_groups(ctx)
-    group = dist.new_group(backend="grpc", timeout=timedelta(seconds=30))
-    backend = _backend(group)
     store = ctx.store()
-    if ctx.rank == 0:
-        store.set(
-            "target",
-            ("unix:" + backend.unix_socket) if over_unix else backend.tcp_address,
-        )
+    attacked = dist.PrefixStore("ring attack", store)
     report: dict[str, Any] = {}
     ring_name = f"forged-ring-{os.getpid()}"
     if ctx.rank == 1:
         ring = ForgedRing(ring_name)
         store.set("ring-name", ring_name)
-        link, welcome = wc.handshake(
-            store.get("target").decode(), backend.group_key + "/p2p", 1, 0, 2, ""
-        )
-        assert welcome.HasField("welcome") and not welcome.welcome.error, welcome
+        rank = wc.PythonRank(attacked, 1, 2, "ring-attack")
+        rank.join()
+        link = rank.open(0, p2p=True, unix=over_unix)
 
         def wait_taken() -> None:
             store.wait(["taken"], timedelta(seconds=60))
 
-        report.update(attack(link, ring, wait_taken))
+        report.update(attack(link, ring, wait_taken, store))
         link.close()
         ring.close()
+        rank.leave()
         store.set("attack-done", "1")
     else:
+        # A ring of rank 0's own, which the peer may try to offer back to it.
+        own = ForgedRing(f"own-ring-{os.getpid()}")
+        store.set("own-ring", f"{os.getpid()} {own.fd} {own.token.hex()}")
+        pg = torch_grpc_pg.ProcessGroupGrpc(
+            attacked,
+            0,
+            2,
+            timedelta(seconds=30),
+            "ring-attack",
+            **torch_grpc_pg.Options().as_kwargs(_C.running_server_settings()),
+        )
         name = store.get("ring-name").decode()
         received = torch.zeros(MESSAGE_NUMEL)
         outcomes: list[str] = []
         for _ in range(receives):
             try:
-                dist.recv(received, src=1, group=group)
+                pg.recv([received], 1, 0).wait()
                 outcomes.append("received")
                 report["data_exact"] = bool(
                     torch.equal(
@@ -473,7 +505,9 @@ def _ring_attack(ctx: RankContext, case: str) -> dict[str, Any]:
         report["outcomes"] = outcomes
         store.wait(["attack-done"], timedelta(seconds=60))
         report["mapped_after"] = _still_mapped_after(name, 10.0)
-    # The group is failed on rank 0; the default group must be unharmed.
+        report["own_mapped_twice"] = _mapped_count(own.name) > 1
+        own.close()
+    # The attacked group is failed on rank 0; the default group must be unharmed.
     store_barrier(store, ctx.world_size, "attacked")
     total = torch.full((4,), float(ctx.rank + 1))
     dist.all_reduce(total)
@@ -481,7 +515,10 @@ def _ring_attack(ctx: RankContext, case: str) -> dict[str, Any]:
     return report
 
 
-@pytest.mark.parametrize("case", ["offer-over-tcp", "offer-names-a-regular-file"])
+@pytest.mark.parametrize(
+    "case",
+    ["offer-over-tcp", "offer-names-a-regular-file", "offer-of-the-receivers-own-ring"],
+)
 def test_a_refused_offer_is_not_mapped_and_its_slots_are_refused(case: str) -> None:
     results = run_ranks(_ring_attack, 2, case)
     attacker, rank0 = results[1].value, results[0].value
@@ -489,7 +526,7 @@ def test_a_refused_offer_is_not_mapped_and_its_slots_are_refused(case: str) -> N
     assert attacker["code"] == "INVALID_ARGUMENT", attacker
     (outcome,) = rank0["outcomes"]
     assert "rank 1" in outcome and SWITCH_NOT_MAPPED in outcome, outcome
-    assert not rank0["mapped_after"], rank0
+    assert not rank0["mapped_after"] and not rank0["own_mapped_twice"], rank0
     assert all(r.value["default_group_exact"] for r in results)
 
 

@@ -161,11 +161,11 @@ def _read_status_error(address: str, creds: status.Credentials) -> str:
 
 
 def _unchecked_observer(address: str, creds: status.Credentials) -> dict[str, str]:
-    """An observer over the job's TLS that skips checking the server and sends an empty
-    proof: the server refuses it and sends no status."""
+    """An observer over the job's TLS that skips checking the server and proves no token:
+    the server refuses it, and sends no status."""
     from torch_grpc_pg import wire
 
-    link, last = wire.handshake(
+    link, welcome = wire.handshake(
         address,
         "",
         wire.OBSERVER_RANK,
@@ -178,10 +178,11 @@ def _unchecked_observer(address: str, creds: status.Credentials) -> dict[str, st
     got_status = False
     with contextlib.suppress(grpc.RpcError, StopIteration):
         got_status = link.reply().HasField("status")
-    code, _ = link.status()
+    code, details = link.status()
     link.close()
     return {
-        "refusal": last.welcome.error or last.challenge.error,
+        "welcomed": str(welcome is not None),
+        "refusal": details,
         "got_status": str(got_status),
         "code": code.name,
     }
@@ -290,9 +291,13 @@ def test_cli_without_the_tls_settings_reads_nothing(case: str, hint: str) -> Non
 @needs_grpc
 def test_read_status_without_the_token_is_refused() -> None:
     seen = _hung()["seen"]
-    assert "could not prove" in seen["read_no_token"], seen["read_no_token"]
+    # The rank says no more than that it refused: the reason is for a caller that
+    # proved the token.
+    assert "refused the status request" in seen["read_no_token"], seen["read_no_token"]
+    assert "proves it holds" in seen["read_no_token"], seen["read_no_token"]
     unchecked = seen["unchecked_observer"]
-    assert "authentication failed" in unchecked["refusal"], unchecked
+    assert unchecked["welcomed"] == "False", unchecked
+    assert "refused; a rank tells why only" in unchecked["refusal"], unchecked
     assert unchecked["got_status"] == "False", unchecked
     assert unchecked["code"] == "PERMISSION_DENIED", unchecked
 

@@ -1,76 +1,172 @@
-"""Test-side pieces of the wire protocol: the package's client, and a server an attacker planted."""
+"""Test-side pieces of the wire protocol: the package's client, a server an attacker planted,
+and a rank played from Python."""
 
 from __future__ import annotations
 
+import hmac
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
 
 import grpc
+import torch.distributed as dist
 
 from torch_grpc_pg.wire import (  # noqa: F401 - re-exported for the tests
     EXCHANGE,
+    HELLO_KEY,
     NONCE_BYTES,
     PROTOCOL_VERSION,
+    WELCOME_KEY,
     Link,
+    caller_proof,
     data_frame,
+    group_settings,
     handshake,
     hello,
     pb,
-    proof,
+    server_proof,
 )
+
+# Where a rank's rendezvous keeps its keys (csrc/backend/process_group_grpc.cc).
+RENDEZVOUS = "torch_grpc_pg/"
+
+
+Handler = Callable[[Iterator[bytes], grpc.ServicerContext], Iterator[bytes]]
+
+
+def _exchange_server(handle: Handler) -> tuple[grpc.Server, int]:
+    """A grpcio server of the Exchange method on loopback: raw bytes in and out."""
+    handler = grpc.stream_stream_rpc_method_handler(handle)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    service, method = EXCHANGE.strip("/").rsplit("/", 1)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service, {method: handler}),)
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, port
+
+
+def _hello_of(context: grpc.ServicerContext) -> pb.Hello | None:
+    for key, value in context.invocation_metadata():
+        if key == HELLO_KEY:
+            return pb.Hello.FromString(value)
+    return None
 
 
 @dataclass
 class PlantedServer:
-    """A server an attacker put into the store: it records what callers send it."""
+    """A server an attacker put into the store: it records the Hellos and the messages
+    callers send it, and answers with a Welcome whose proof is a guess."""
 
     token_guess: str = ""
-    received: list[pb.Frame] = field(default_factory=list)
+    hellos: list[pb.Hello] = field(default_factory=list)
+    messages: list[bytes] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> int:
-        handler = grpc.stream_stream_rpc_method_handler(
-            self._exchange,
-            request_deserializer=pb.Frame.FromString,
-            response_serializer=pb.Frame.SerializeToString,
-        )
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        self.server.add_generic_rpc_handlers(
-            (
-                grpc.method_handlers_generic_handler(
-                    "torch_grpc_pg.ProcessGroupService", {"Exchange": handler}
-                ),
-            )
-        )
-        port = self.server.add_insecure_port("127.0.0.1:0")
-        self.server.start()
+        self.server, port = _exchange_server(self._exchange)
         return port
 
     def stop(self) -> None:
         self.server.stop(0)
 
     def _exchange(
-        self, requests: Iterator[pb.Frame], context: grpc.ServicerContext
-    ) -> Iterator[pb.Frame]:
+        self, requests: Iterator[bytes], context: grpc.ServicerContext
+    ) -> Iterator[bytes]:
+        caller = _hello_of(context)
+        if caller is not None:
+            with self.lock:
+                self.hellos.append(caller)
+            nonce = os.urandom(NONCE_BYTES)
+            forged = server_proof(self.token_guess, caller, nonce) or os.urandom(32)
+            welcome = pb.Welcome(nonce=nonce, proof=forged)
+            context.send_initial_metadata(((WELCOME_KEY, welcome.SerializeToString()),))
         for message in requests:
             with self.lock:
-                self.received.append(message)
-            if message.HasField("hello"):
-                h = message.hello
-                nonce = os.urandom(NONCE_BYTES)
-                forged = proof(
-                    self.token_guess,
-                    "server",
-                    h.group_key,
-                    h.src_rank,
-                    h.dst_rank,
-                    h.world_size,
-                    h.nonce,
-                    nonce,
-                ) or os.urandom(32)
-                yield pb.Frame(challenge=pb.Challenge(nonce=nonce, proof=forged))
-            elif message.HasField("proof"):
-                yield pb.Frame(welcome=pb.Welcome())
+                self.messages.append(message)
+        yield from ()
+
+
+class PythonRank:
+    """Rank `rank` of a process group whose other ranks are real, played from Python.
+
+    It joins the group's rendezvous in the store as a rank does, serves the real ranks'
+    streams (checking their proofs, and reading and dropping what they send), and opens its
+    own streams to them on demand, on which the test writes what it likes. The real ranks
+    see a peer that holds the token and speaks the protocol; what it then sends is the
+    test's to choose."""
+
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        world: int,
+        group_name: str,
+        token: str = "",
+        settings: str | None = None,
+    ) -> None:
+        self.store, self.rank, self.world = store, rank, world
+        self.group_name, self.token = group_name, token
+        self.settings = group_settings() if settings is None else settings
+        self.endpoints: list[str] = []
+        self.group_key = ""
+        self.received: list[bytes] = []
+
+    def join(self) -> None:
+        """The rendezvous, as ProcessGroupGrpc::rendezvous runs it; returns once every rank
+        has reported."""
+        arrival = self.store.add(RENDEZVOUS + "arrivals", 1)
+        prefix = f"{RENDEZVOUS}{(arrival - 1) // self.world}/"
+        if self.rank == 0:
+            self.store.set(prefix + "instance", os.urandom(8).hex())
+        self.group_key = (
+            f"{self.group_name}#{self.store.get(prefix + 'instance').decode()}"
+        )
+        self.server, port = _exchange_server(self._serve)
+        peer = 0 if self.rank != 0 else 1
+        machine = self.store.get(prefix + f"endpoint/{peer}").decode().split("\n")[1]
+        # No unix socket of its own: the real ranks dial it over TCP.
+        self.store.set(
+            prefix + f"endpoint/{self.rank}", f"v1\n{machine}\n127.0.0.1:{port}\n"
+        )
+        self.endpoints = [
+            self.store.get(prefix + f"endpoint/{r}").decode() for r in range(self.world)
+        ]
+        self.store.set(prefix + f"outcome/{self.rank}", "ok")
+        self.store.add(prefix + "reported", 1)
+        self.store.wait([prefix + f"outcome/{r}" for r in range(self.world)])
+
+    def target(self, dst: int, unix: bool = True) -> str:
+        _, _, tcp, unix_path = self.endpoints[dst].split("\n")
+        return f"unix:{unix_path}" if unix and unix_path else tcp
+
+    def open(self, dst: int, p2p: bool = False, unix: bool = True) -> Link:
+        """This rank's stream to `dst` (its point-to-point one with `p2p`), handshaken."""
+        key = self.group_key + ("/p2p" if p2p else "")
+        link, welcome = handshake(
+            self.target(dst, unix), key, self.rank, dst, self.world, self.token
+        )
+        if welcome is None:
+            raise PermissionError(f"rank {dst} refused: {link.status()}")
+        return link
+
+    def leave(self) -> None:
+        self.server.stop(0)
+
+    def _serve(
+        self, requests: Iterator[bytes], context: grpc.ServicerContext
+    ) -> Iterator[bytes]:
+        caller = _hello_of(context)
+        if caller is None or not hmac.compare_digest(
+            caller_proof(self.token, caller), caller.proof
+        ):
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, "refused")
+        nonce = os.urandom(NONCE_BYTES)
+        welcome = pb.Welcome(nonce=nonce, proof=server_proof(self.token, caller, nonce))
+        context.send_initial_metadata(((WELCOME_KEY, welcome.SerializeToString()),))
+        for message in requests:
+            self.received.append(message)
+        yield from ()

@@ -24,6 +24,7 @@ SERVER_FIELDS = (
     "tls_server_name",
     "health_public",
     "shared_memory",
+    "encrypt",
 )
 
 
@@ -84,6 +85,7 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "health_public": ("TORCH_GRPC_PG_HEALTH_PUBLIC", lambda v: _env_bool(v, False)),
     "tune_malloc": ("TORCH_GRPC_PG_TUNE_MALLOC", lambda v: _env_bool(v, True)),
     "shared_memory": ("TORCH_GRPC_PG_SHARED_MEMORY", lambda v: _env_bool(v, True)),
+    "encrypt": ("TORCH_GRPC_PG_ENCRYPT", lambda v: _env_bool(v, True)),
 }
 
 # Inclusive ranges of the numeric fields. chunk_bytes bounds what a rank
@@ -125,6 +127,7 @@ class Options:
     health_public: bool = None  # type: ignore[assignment]
     tune_malloc: bool = None  # type: ignore[assignment]
     shared_memory: bool = None  # type: ignore[assignment]
+    encrypt: bool = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         self._given = frozenset(

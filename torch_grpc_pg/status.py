@@ -122,31 +122,19 @@ def read_rank(target: str, creds: Credentials, timeout: float) -> pb.StatusReply
 
 def _observe(target: str, creds: Credentials, timeout: float) -> pb.StatusReply:
     # This tool's own channel options: TLS name, message size, deadline.
-    link = wire.Link(
-        target,
-        channel_options=creds.channel_options(),
-        credentials=creds.channel_credentials(),
-        timeout=timeout,
-    )
     try:
-        return wire.read_status(target, creds.token, link=link)
-    except wire.ServerProofError as exc:
+        return wire.read_status(
+            target,
+            creds.token,
+            credentials=creds.channel_credentials(),
+            channel_options=creds.channel_options(),
+            timeout=timeout,
+        )
+    except wire.ServerProofError:
         raise PermissionError(
-            _proof_mismatch(target, creds.token, exc.server_proof)
+            f"{target} could not prove that it holds this tool's token: it is not a rank "
+            "of this job, or something between relays or alters its answer"
         ) from None
-    except wire.StatusRefused as exc:
-        if exc.before_proof:  # a version or protocol mismatch, not a credential
-            raise StatusError(str(exc)) from None
-        raise
-
-
-def _proof_mismatch(target: str, token: str, server_proof: bytes) -> str:
-    # Checked before this side proves anything, so a stranger's server learns nothing.
-    if not token:
-        return f"{target} requires a token, and this tool has none"
-    if not server_proof:
-        return f"{target} has no token, and this tool has one"
-    return f"{target} holds another token than this tool's (or is not a rank)"
 
 
 def _token_hint(creds: Credentials) -> str:

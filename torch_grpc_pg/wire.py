@@ -1,8 +1,11 @@
-"""The link handshake of protos/torch_grpc_pg.proto in Python, from the proto alone.
+"""The link handshake and frame protection of protos/torch_grpc_pg.proto in Python, from the
+proto alone.
 
-The status tool uses it as an observer; tests use it to play strangers, replayers and
-planted servers. It speaks Hello, Challenge, Proof and Welcome with the HMAC transcript
-that the proto describes.
+The status tool uses it as an observer; tests use it to play ranks, strangers, replayers and
+planted servers. The caller's Hello travels in the call's metadata and the server's Welcome in
+its initial metadata; proofs and keys come from the transcript that the proto describes and
+csrc/transport/auth.cc writes, byte for byte. Sealing frames (AES-256-GCM) needs the
+`cryptography` package, which only tests that write protected frames use.
 """
 
 from __future__ import annotations
@@ -21,43 +24,183 @@ from torch_grpc_pg._proto import torch_grpc_pg_pb2 as pb
 EXCHANGE = "/torch_grpc_pg.ProcessGroupService/Exchange"
 PROTOCOL_VERSION = pb.PROTOCOL_VERSION_CURRENT
 NONCE_BYTES = 32
+TAG_BYTES = 16
 OBSERVER_RANK = 0xFFFFFFFF  # what a monitoring tool claims in its Hello
+HELLO_KEY = "tgpg-hello-bin"
+WELCOME_KEY = "tgpg-welcome-bin"
 
 
 def _field(data: bytes) -> bytes:
     return struct.pack("<Q", len(data)) + data
 
 
-def proof(
-    token: str,
-    role: str,
+def transcript(h: pb.Hello) -> bytes:
+    """Every field of a Hello but its proof, laid out as csrc/transport/auth.cc does."""
+    return (
+        _field(b"torch-grpc-pg link v7")
+        + struct.pack("<I", h.protocol_version)
+        + _field(h.group_key.encode())
+        + struct.pack("<III", h.src_rank, h.dst_rank, h.world_size)
+        + _field(h.settings.encode())
+        + struct.pack("<II", h.link, h.protection)
+        + _field(h.nonce)
+    )
+
+
+def _mac(key: bytes, message: bytes) -> bytes:
+    return hmac.new(key, message, hashlib.sha256).digest()
+
+
+def caller_proof(token: str, h: pb.Hello) -> bytes:
+    """What the caller puts in its Hello; empty without a token."""
+    if not token:
+        return b""
+    return _mac(token.encode(), _field(b"caller proof") + transcript(h))
+
+
+def server_proof(token: str, h: pb.Hello, server_nonce: bytes) -> bytes:
+    """What the server puts in its Welcome; empty without a token."""
+    if not token:
+        return b""
+    return _mac(
+        token.encode(), _field(b"server proof") + transcript(h) + _field(server_nonce)
+    )
+
+
+def link_keys(token: str, h: pb.Hello, server_nonce: bytes) -> tuple[bytes, bytes]:
+    """HKDF-SHA256 of the token: the caller-to-server and server-to-caller keys."""
+    salt = hashlib.sha256(transcript(h) + _field(server_nonce)).digest()
+    pseudo_random_key = _mac(salt, token.encode())
+    return (
+        _mac(pseudo_random_key, b"caller to server\x01"),
+        _mac(pseudo_random_key, b"server to caller\x01"),
+    )
+
+
+def group_settings(
+    chunk_bytes: int = 2 << 20, direct_max_bytes: int = 64 << 10, tls: bool = False
+) -> str:
+    """The Hello's `settings`, as the ranks write them (csrc/backend/bindings.cc, and
+    csrc/transport/grpc_messenger.cc for TLS)."""
+    return (
+        f"chunk_bytes={chunk_bytes} direct_max_bytes={direct_max_bytes} "
+        f"tls={'on' if tls else 'off'}"
+    )
+
+
+def protection_for(
+    token: str, link: int, tls: bool = False, encrypt: bool = True
+) -> int:
+    """What protects a caller's frames, as link_protection() in csrc/transport/auth.cc."""
+    if not token or link == pb.LINK_KIND_UNIX:
+        return pb.PROTECTION_NONE
+    return pb.PROTECTION_MAC if tls or not encrypt else pb.PROTECTION_AEAD
+
+
+def hello(
     group: str,
     src: int,
     dst: int,
     world: int,
-    caller_nonce: bytes,
-    server_nonce: bytes,
-) -> bytes:
-    """The MAC that proves the token for one side of one handshake; empty without a token."""
-    if not token:
-        return b""
-    message = (
-        _field(b"torch-grpc-pg link v2")
-        + _field(role.encode())
-        + _field(group.encode())
-        + struct.pack("<III", src, dst, world)
-        + _field(caller_nonce)
-        + _field(server_nonce)
+    token: str = "",
+    *,
+    nonce: bytes | None = None,
+    settings: str | None = None,
+    link: int = pb.LINK_KIND_TCP,
+    protection: int | None = None,
+) -> pb.Hello:
+    """A Hello with the caller's proof over it."""
+    if settings is None:
+        settings = "" if src == OBSERVER_RANK else group_settings()
+    if protection is None:
+        observer = src == OBSERVER_RANK
+        protection = pb.PROTECTION_NONE if observer else protection_for(token, link)
+    h = pb.Hello(
+        protocol_version=PROTOCOL_VERSION,
+        group_key=group,
+        src_rank=src,
+        dst_rank=dst,
+        world_size=world,
+        nonce=nonce if nonce is not None else os.urandom(NONCE_BYTES),
+        settings=settings,
+        link=link,
+        protection=protection,
     )
-    return hmac.new(token.encode(), message, hashlib.sha256).digest()
+    h.proof = caller_proof(token, h)
+    return h
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _read_varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, at
+        shift += 7
+
+
+def field_bytes(message: bytes, number: int) -> bytes | None:
+    """The raw bytes of length-delimited field `number` of an encoded message, as sent."""
+    at = 0
+    while at < len(message):
+        key, at = _read_varint(message, at)
+        kind = key & 7
+        if kind == 0:
+            _, at = _read_varint(message, at)
+        elif kind == 2:
+            size, at = _read_varint(message, at)
+            if key >> 3 == number:
+                return message[at : at + size]
+            at += size
+        elif kind in (1, 5):
+            at += 8 if kind == 1 else 4
+        else:
+            raise ValueError(f"unexpected wire type {kind}")
+    return None
+
+
+class FrameSealer:
+    """Protects the frames a caller writes (Frame.sealed / Frame.signed in the proto)."""
+
+    def __init__(self, protection: int, key: bytes) -> None:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+        self.protection = protection
+        self.cipher = AESGCM(key)
+        self.sent = 0
+
+    def seal(self, frame: bytes) -> bytes:
+        nonce = b"\0" * 4 + struct.pack("<Q", self.sent)
+        self.sent += 1
+        if self.protection == pb.PROTECTION_AEAD:
+            return (
+                b"\x52"
+                + _varint(len(frame) + TAG_BYTES)
+                + self.cipher.encrypt(nonce, frame, None)
+            )
+        tag = self.cipher.encrypt(nonce, b"", frame)
+        return b"\x5a" + _varint(len(frame) + TAG_BYTES) + frame + tag
 
 
 class Link:
-    """One Exchange stream; raw messages in, parsed Frames (or the status) out."""
+    """One Exchange stream, opened with `first` (a Hello) in its metadata; raw messages in,
+    parsed Frames (or the status) out."""
 
     def __init__(
         self,
         target: str,
+        first: pb.Hello | bytes | None = None,
         channel_options: Sequence[tuple[str, int | str]] = (),
         credentials: grpc.ChannelCredentials | None = None,
         timeout: float = 30,
@@ -68,21 +211,42 @@ class Link:
         else:
             self.channel = grpc.secure_channel(target, credentials, options=options)
         self._outbox: queue.Queue[bytes | None] = queue.Queue()
-        call = self.channel.stream_stream(
-            EXCHANGE,
-            request_serializer=lambda b: b,
-            response_deserializer=pb.Frame.FromString,
+        self.hello = first if isinstance(first, pb.Hello) else None
+        metadata = []
+        if first is not None:
+            raw = first.SerializeToString() if isinstance(first, pb.Hello) else first
+            metadata.append((HELLO_KEY, raw))
+        call = self.channel.stream_stream(EXCHANGE)
+        self.responses = call(
+            iter(self._outbox.get, None), metadata=metadata, timeout=timeout
         )
-        self.responses = call(iter(self._outbox.get, None), timeout=timeout)
+        self.sealer: FrameSealer | None = None
+
+    def welcome(self) -> pb.Welcome | None:
+        """The server's Welcome, or None when it refused (the status says why)."""
+        try:
+            metadata = self.responses.initial_metadata()
+        except grpc.RpcError:
+            return None
+        for key, value in metadata or ():
+            if key == WELCOME_KEY:
+                return pb.Welcome.FromString(value)
+        return None
 
     def send(self, message: bytes) -> None:
+        """Writes `message` as it is: protected or not, as the caller chooses."""
         self._outbox.put(message)
 
     def send_frame(self, frame: pb.Frame) -> None:
-        self.send(frame.SerializeToString())
+        """Writes `frame`, protected as the link's handshake agreed."""
+        raw = frame.SerializeToString()
+        self.send(self.sealer.seal(raw) if self.sealer else raw)
+
+    def reply_bytes(self) -> bytes:
+        return next(self.responses)
 
     def reply(self) -> pb.Frame:
-        return next(self.responses)
+        return pb.Frame.FromString(self.reply_bytes())
 
     def close(self) -> None:
         self._outbox.put(None)
@@ -98,36 +262,8 @@ class Link:
         return grpc.StatusCode.OK, ""
 
 
-def group_settings(chunk_bytes: int = 2 << 20, direct_max_bytes: int = 64 << 10) -> str:
-    """The Hello's `settings`, as the ranks write them (csrc/backend/bindings.cc)."""
-    return f"chunk_bytes={chunk_bytes} direct_max_bytes={direct_max_bytes}"
-
-
-def hello(
-    group: str,
-    src: int,
-    dst: int,
-    world: int,
-    nonce: bytes | None = None,
-    settings: str | None = None,
-) -> pb.Frame:
-    if settings is None:
-        settings = "" if src == OBSERVER_RANK else group_settings()
-    return pb.Frame(
-        hello=pb.Hello(
-            protocol_version=PROTOCOL_VERSION,
-            group_key=group,
-            src_rank=src,
-            dst_rank=dst,
-            world_size=world,
-            nonce=nonce if nonce is not None else os.urandom(NONCE_BYTES),
-            settings=settings,
-        )
-    )
-
-
 class ServerProofError(PermissionError):
-    """The server could not prove that it holds the caller's token; it got no proof back."""
+    """The server could not prove that it holds the caller's token."""
 
     def __init__(self, target: str, server_proof: bytes) -> None:
         super().__init__(
@@ -138,11 +274,11 @@ class ServerProofError(PermissionError):
 
 
 class StatusRefused(PermissionError):
-    """The server refused an observer; `before_proof` when it did so at the Challenge."""
+    """The server refused an observer; `details` says as much as it told."""
 
-    def __init__(self, target: str, reason: str, before_proof: bool) -> None:
-        super().__init__(f"{target} refused the status request: {reason}")
-        self.before_proof = before_proof
+    def __init__(self, target: str, details: str) -> None:
+        super().__init__(f"{target} refused the status request: {details}")
+        self.details = details
 
 
 def handshake(
@@ -155,28 +291,41 @@ def handshake(
     *,
     check_server: bool = True,
     credentials: grpc.ChannelCredentials | None = None,
-    link: Link | None = None,
-) -> tuple[Link, pb.Frame]:
-    """Runs the caller's side with `token`; returns the link and the server's last reply.
+    channel_options: Sequence[tuple[str, int | str]] = (),
+    link_kind: int | None = None,
+    protection: int | None = None,
+    timeout: float = 30,
+) -> tuple[Link, pb.Welcome | None]:
+    """Runs the caller's side with `token`: the link and the server's Welcome (None when it
+    refused: `link.status()` says why).
 
-    Like the ranks, it checks the server's proof before it sends its own, so a server that
-    cannot prove it holds the token gets nothing it could replay. (Tests that play an
-    attacker skip that check: an attacker would.) `link` is an already opened one, for
-    callers that need their own channel options."""
-    link = link or Link(target, credentials=credentials)
-    first = hello(group, src, dst, world)
-    link.send_frame(first)
-    challenge = link.reply().challenge
-    if challenge.error:
-        return link, pb.Frame(challenge=challenge)
-    nonces = (first.hello.nonce, challenge.nonce)
-    expected = proof(token, "server", group, src, dst, world, *nonces)
-    if check_server and not hmac.compare_digest(expected, challenge.proof):
+    Like the ranks, it checks the server's proof before it writes a frame, and then seals
+    what `send_frame` writes with the link's key. (Tests that play an attacker skip the
+    check: an attacker would.)"""
+    if link_kind is None:
+        link_kind = (
+            pb.LINK_KIND_UNIX if target.startswith("unix:") else pb.LINK_KIND_TCP
+        )
+    first = hello(group, src, dst, world, token, link=link_kind, protection=protection)
+    link = Link(
+        target,
+        first,
+        channel_options=channel_options,
+        credentials=credentials,
+        timeout=timeout,
+    )
+    welcome = link.welcome()
+    if welcome is None:
+        return link, None
+    if check_server and not hmac.compare_digest(
+        server_proof(token, first, welcome.nonce), welcome.proof
+    ):
         link.close()
-        raise ServerProofError(target, challenge.proof)
-    mine = proof(token, "client", group, src, dst, world, *nonces)
-    link.send_frame(pb.Frame(proof=pb.Proof(proof=mine)))
-    return link, link.reply()
+        raise ServerProofError(target, welcome.proof)
+    if token and first.protection != pb.PROTECTION_NONE:
+        caller_key, _ = link_keys(token, first, welcome.nonce)
+        link.sealer = FrameSealer(first.protection, caller_key)
+    return link, welcome
 
 
 def data_frame(
@@ -211,17 +360,38 @@ def read_status(
     target: str,
     token: str = "",
     credentials: grpc.ChannelCredentials | None = None,
-    link: Link | None = None,
+    channel_options: Sequence[tuple[str, int | str]] = (),
+    timeout: float = 30,
 ) -> pb.StatusReply:
-    """One rank's StatusReply, read as an authenticated observer."""
-    link, last = handshake(
-        target, "", OBSERVER_RANK, 0, 0, token, credentials=credentials, link=link
+    """One rank's StatusReply, read as an authenticated observer. With a token, the reply's
+    MAC is checked with the key of this very handshake, so a relay cannot alter it."""
+    link, welcome = handshake(
+        target,
+        "",
+        OBSERVER_RANK,
+        0,
+        0,
+        token,
+        credentials=credentials,
+        channel_options=channel_options,
+        timeout=timeout,
     )
     try:
-        if last.HasField("challenge"):
-            raise StatusRefused(target, last.challenge.error, before_proof=True)
-        if last.welcome.error:
-            raise StatusRefused(target, last.welcome.error, before_proof=False)
-        return link.reply().status
+        if welcome is None:
+            try:
+                link.reply_bytes()
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+                    raise StatusRefused(target, exc.details() or "") from None
+                raise
+            raise StatusRefused(target, "it sent no Welcome")
+        raw = link.reply_bytes()
+        frame = pb.Frame.FromString(raw)
+        if token:
+            _, server_key = link_keys(token, link.hello, welcome.nonce)
+            status = field_bytes(raw, 7) or b""
+            if not hmac.compare_digest(_mac(server_key, status), frame.status_mac):
+                raise ServerProofError(target, b"")
+        return frame.status
     finally:
         link.close()

@@ -29,6 +29,7 @@ PYBIND11_MODULE(_C, m) {
         d["tls_server_name"] = config->tls_server_name;
         d["health_public"] = config->health_public;
         d["shared_memory"] = config->shared_memory;
+        d["encrypt"] = config->encrypt;
         return d;
       },
       "The security and listening settings of this process's running server, or None: later "
@@ -44,7 +45,7 @@ PYBIND11_MODULE(_C, m) {
                        const std::string& tls_server_name, size_t chunk_bytes, size_t direct_max_bytes,
                        size_t max_queued_frames, std::chrono::milliseconds connect_timeout,
                        size_t flight_recorder_size, const std::string& flight_recorder_dir, bool health_public,
-                       bool tune_malloc, bool shared_memory) {
+                       bool tune_malloc, bool shared_memory, bool encrypt) {
              tgpg::BackendOptions options;
              options.timeout = timeout;
              options.group_name = group_name;
@@ -69,6 +70,7 @@ PYBIND11_MODULE(_C, m) {
              options.transport.health_public = health_public;
              options.transport.tune_malloc = tune_malloc;
              options.transport.shared_memory = shared_memory;
+             options.transport.encrypt = encrypt;
              options.transport.connect_timeout = connect_timeout;
              return c10::make_intrusive<tgpg::ProcessGroupGrpc>(store, rank, size, std::move(options));
            }),
@@ -78,7 +80,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("tls_server_name"), py::arg("chunk_bytes"), py::arg("direct_max_bytes"),
            py::arg("max_queued_frames"), py::arg("connect_timeout"), py::arg("flight_recorder_size"),
            py::arg("flight_recorder_dir"), py::arg("health_public"), py::arg("tune_malloc"),
-           py::arg("shared_memory"),
+           py::arg("shared_memory"), py::arg("encrypt"),
            // Rendezvous waits on the store and on peers; other Python threads run meanwhile.
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("tcp_address", &tgpg::ProcessGroupGrpc::tcp_address,

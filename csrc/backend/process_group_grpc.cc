@@ -255,10 +255,14 @@ std::string ProcessGroupGrpc::connect_peers(const c10::intrusive_ptr<c10d::Store
   // Every peer now, not at the first send: address and credential problems
   // surface here, no collective stalls on a connect, and a failing rank can
   // reach every peer with its abort.
+  // The point-to-point streams too, though they may never carry a message: a
+  // rank's place on a peer is taken by the first stream that claims it, so one
+  // left for later would be a stranger's to take until the first send.
   for (int i = 1; i < size_; ++i) {
     const int peer = (rank_ + i) % size_;
     try {
       messenger_->connect(peer);
+      p2p_->connect(peer);
     } catch (const std::exception& e) {
       return message_of(e);
     }

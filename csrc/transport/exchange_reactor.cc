@@ -1,5 +1,7 @@
 #include "transport/exchange_reactor.h"
 
+#include <unistd.h>
+
 #include <string>
 
 #include "transport/endpoint.h"
@@ -15,18 +17,21 @@ ExchangeReactor::ExchangeReactor(grpc::CallbackServerContext* ctx, RankServer& s
     : ctx_(ctx), server_(server), gate_(std::make_shared<Gate>(this)) {
   auto gate = gate_;
   std::lock_guard<std::recursive_mutex> lock(gate->mutex());
-  if (!server_.begin_handshake(gate_)) {
-    refuse(grpc::StatusCode::RESOURCE_EXHAUSTED,
-           "too many connections are handshaking with this rank at once; try again");
-    return;
+  try {
+    admit();
+  } catch (const std::exception& e) {
+    // Out of memory or randomness, say: the stream never became a rank's.
+    refuse(grpc::StatusCode::INTERNAL, std::string("this rank could not take the connection: ") + e.what());
   }
-  in_handshake_ = true;
-  read_next();
 }
 
 std::string ExchangeReactor::source() const {
   const std::string who = observer_ ? "an observer" : src_ >= 0 ? "rank " + std::to_string(src_) : "a caller";
   return who + " (" + ctx_->peer() + ")";
+}
+
+std::string ExchangeReactor::link_name() const {
+  return "the link from rank " + std::to_string(src_) + " to rank " + std::to_string(group_->rank);
 }
 
 void ExchangeReactor::read_next() { StartRead(&read_buffer_); }
@@ -50,25 +55,127 @@ void ExchangeReactor::OnWriteDone(bool ok) {
   }
 }
 
-void ExchangeReactor::refuse(grpc::StatusCode code, const std::string& reason, grpc::ByteBuffer reply) {
+void ExchangeReactor::refuse_before_proof(const std::string& reason) {
+  const std::string detail = "refused " + source() + ": " + reason;
+  log_warning_limited(detail);
+  // Without a token there is no proof to wait for, and nothing to hide: the
+  // status tool shows the same to anyone who asks.
+  const bool open_server = server_.config().auth_token.empty();
+  refuse(grpc::StatusCode::PERMISSION_DENIED, open_server ? reason : kRefusedWithoutReason);
+}
+
+void ExchangeReactor::refuse(grpc::StatusCode code, const std::string& reason) {
   if (finishing_) return;
-  if (reply.Length() > 0) write(std::move(reply));
   finish(grpc::Status(code, reason));
 }
 
 void ExchangeReactor::finish(grpc::Status status) {
-  leave_handshake();
   if (finishing_) return;
   finishing_ = true;
-  // Finish goes after the replies already queued, so that the caller reads why.
+  // Finish goes after the replies already queued, so that the caller reads them.
   if (writes_.empty()) Finish(std::move(status));
   else finish_after_writes_ = std::move(status);
 }
 
-void ExchangeReactor::leave_handshake() {
-  if (!in_handshake_) return;
-  in_handshake_ = false;
-  server_.end_handshake(gate_.get());
+void ExchangeReactor::admit() {
+  const auto& metadata = ctx_->client_metadata();
+  const auto found = metadata.find(kHelloMetadataKey);
+  if (found == metadata.end()) {
+    refuse_before_proof("its call carries no Hello; is it a torch-grpc-pg rank of the same release?");
+    return;
+  }
+  ReceivedHello hello;
+  try {
+    hello = decode_hello(std::string(found->second.data(), found->second.size()));
+  } catch (const std::exception& e) {
+    refuse_before_proof(e.what());
+    return;
+  }
+  const Transcript& claims = hello.transcript;
+  observer_ = claims.src_rank == kObserverRank;
+  if (!observer_ && claims.src_rank < static_cast<uint32_t>(INT32_MAX)) src_ = static_cast<int>(claims.src_rank);
+  if (!proofs_match(caller_proof(server_.config().auth_token, claims), hello.proof)) {
+    refuse_before_proof("authentication failed: it does not hold this rank's TORCH_GRPC_PG_AUTH_TOKEN, or runs "
+                        "another torch-grpc-pg release; set the same token, and install the same release, on "
+                        "every rank");
+    return;
+  }
+  // The caller proved the token (or none is set): it may hear why it is refused.
+  const std::string error = check_claims(claims);
+  if (!error.empty()) {
+    refuse(grpc::StatusCode::PERMISSION_DENIED, error);
+    return;
+  }
+  welcome(claims);
+}
+
+std::string ExchangeReactor::check_claims(const Transcript& claims) {
+  if (claims.protocol_version != kProtocolVersion) {
+    return "protocol version " + std::to_string(claims.protocol_version) + " does not match this rank's version " +
+           std::to_string(kProtocolVersion) + "; install the same torch-grpc-pg release on every rank";
+  }
+  if (claims.caller_nonce.size() != kNonceBytes) {
+    return "the Hello's nonce has " + std::to_string(claims.caller_nonce.size()) + " bytes, not " +
+           std::to_string(kNonceBytes);
+  }
+  try {
+    peer_ = identify_call_peer(ctx_->peer());
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  if (claims.link != peer_->kind) {
+    // Frames on the unix socket are not protected: a handshake meant for it
+    // must not be carried here over TCP by a relay.
+    return std::string("the caller dialled this rank's ") + link_kind_name(claims.link) + ", but the call came over " +
+           link_kind_name(peer_->kind) + ": something between the two relays the connection";
+  }
+  if (observer_) {
+    if (!claims.group_key.empty() || claims.dst_rank != 0 || claims.world_size != 0) {
+      return "an observer's Hello names no group and no ranks";
+    }
+    return "";
+  }
+  const TransportConfig& config = server_.config();
+  const Protection expected =
+      link_protection(!config.auth_token.empty(), peer_->kind, config.tls_enabled(), config.encrypt);
+  if (claims.protection != expected) {
+    return "rank " + std::to_string(claims.src_rank) + " would send " + protection_name(claims.protection) +
+           ", where rank " + std::to_string(claims.dst_rank) + " expects " + protection_name(expected) +
+           " on this link; set TORCH_GRPC_PG_ENCRYPT and the TLS settings alike on every rank";
+  }
+  std::string error;
+  group_ = server_.find_group(claims.group_key, static_cast<int>(claims.src_rank), static_cast<int>(claims.dst_rank),
+                              static_cast<int>(claims.world_size), claims.settings, &error);
+  if (!group_) return error;
+  if (!server_.attach(*group_, src_, ctx_->peer(), &error)) {
+    log_warning_limited("refused a second stream claiming to be rank " + std::to_string(src_) + " of group '" +
+                        claims.group_key + "' from " + ctx_->peer() + ": " + error);
+    return error;
+  }
+  return "";
+}
+
+void ExchangeReactor::welcome(const Transcript& claims) {
+  const std::string& token = server_.config().auth_token;
+  const std::string nonce = random_nonce();
+  const LinkKeys keys = derive_link_keys(token, claims, nonce);
+  if (!observer_ && claims.protection != Protection::None) {
+    opener_ = std::make_unique<FrameOpener>(claims.protection, keys.caller_to_server,
+                                            group_->max_payload_bytes + kMaxHeaderBytes + kFramingBytes);
+  }
+  ctx_->AddInitialMetadata(kWelcomeMetadataKey, encode_welcome(nonce, server_proof(token, claims, nonce)));
+  StartSendInitialMetadata();
+  if (observer_) {
+    // An observer reads this process's state once and leaves; it joins no group.
+    torch_grpc_pg::Frame status = status_frame(server_.snapshot());
+    if (!token.empty()) status.set_status_mac(hmac_sha256(keys.server_to_caller, status.status().SerializeAsString()));
+    grpc::Slice bytes(status.SerializeAsString());
+    write(grpc::ByteBuffer(&bytes, 1));
+    finish(grpc::Status::OK);
+    return;
+  }
+  open_ = true;
+  read_next();
 }
 
 void ExchangeReactor::OnReadDone(bool ok) {
@@ -76,9 +183,9 @@ void ExchangeReactor::OnReadDone(bool ok) {
   std::lock_guard<std::recursive_mutex> lock(gate->mutex());
   if (finishing_) return;
   if (!ok) {
-    // Only an authenticated stream speaks for its rank: a stranger's closing
+    // Only an admitted stream speaks for its rank: a stranger's closing
     // stream must not fail anybody's group.
-    if (state_ == State::Open) {
+    if (open_) {
       const std::string reason = "rank " + std::to_string(src_) + " closed its connection to rank " +
                                  std::to_string(group_->rank) +
                                  " (it exited, crashed, or destroyed the process group)";
@@ -93,95 +200,12 @@ void ExchangeReactor::OnReadDone(bool ok) {
     finish(grpc::Status::OK);
     return;
   }
-  switch (state_) {
-    case State::AwaitHello: on_hello(); break;
-    case State::AwaitProof: on_proof(); break;
-    case State::Open: on_frame(); break;
-  }
-}
-
-void ExchangeReactor::on_hello() {
-  torch_grpc_pg::Frame hello_message;
   try {
-    hello_message = decode_handshake(read_buffer_, HandshakeStep::Hello);
+    on_frame();
   } catch (const std::exception& e) {
-    refuse(grpc::StatusCode::INVALID_ARGUMENT, e.what());
-    return;
+    fail_stream("rank " + std::to_string(group_->rank) + " could not take a frame from rank " + std::to_string(src_) +
+                ": " + e.what());
   }
-  read_buffer_.Clear();
-  const auto& hello = hello_message.hello();
-  std::string error;
-  observer_ = hello.src_rank() == kObserverRank;
-  if (hello.protocol_version() != kProtocolVersion) {
-    error = "protocol version " + std::to_string(hello.protocol_version()) + " does not match this rank's version " +
-            std::to_string(kProtocolVersion) + "; install the same torch-grpc-pg release on every rank";
-  } else if (hello.nonce().size() != kNonceBytes) {
-    error = "the Hello's nonce has " + std::to_string(hello.nonce().size()) + " bytes, not " +
-            std::to_string(kNonceBytes);
-  } else if (observer_) {
-    if (!hello.group_key().empty() || hello.dst_rank() != 0 || hello.world_size() != 0) {
-      error = "an observer's Hello names no group and no ranks";
-    }
-  } else {
-    group_ = server_.find_group(hello.group_key(), static_cast<int>(hello.src_rank()),
-                                static_cast<int>(hello.dst_rank()), static_cast<int>(hello.world_size()),
-                                hello.settings(), &error);
-  }
-  torch_grpc_pg::Frame reply;
-  auto* challenge = reply.mutable_challenge();
-  if (!error.empty()) {
-    challenge->set_error(error);
-    refuse(grpc::StatusCode::PERMISSION_DENIED, error, encode_handshake(reply));
-    return;
-  }
-  src_ = static_cast<int>(hello.src_rank());
-  transcript_ = Transcript{hello.group_key(), hello.src_rank(), hello.dst_rank(), hello.world_size(),
-                           hello.nonce(), random_nonce()};
-  challenge->set_nonce(transcript_.server_nonce);
-  challenge->set_proof(make_proof(server_.config().auth_token, ProofRole::Server, transcript_));
-  state_ = State::AwaitProof;
-  write(encode_handshake(reply));
-  read_next();
-}
-
-void ExchangeReactor::on_proof() {
-  torch_grpc_pg::Frame proof_message;
-  try {
-    proof_message = decode_handshake(read_buffer_, HandshakeStep::Proof);
-  } catch (const std::exception& e) {
-    refuse(grpc::StatusCode::INVALID_ARGUMENT, e.what());
-    return;
-  }
-  read_buffer_.Clear();
-  std::string error;
-  if (!check_proof(server_.config().auth_token, ProofRole::Caller, transcript_, proof_message.proof().proof())) {
-    error = "authentication failed: " + source() +
-            " does not hold this rank's TORCH_GRPC_PG_AUTH_TOKEN; set the same token on every rank";
-  } else if (observer_) {
-    // An observer reads this process's state once and leaves; it joins no group.
-    torch_grpc_pg::Frame welcome;
-    welcome.mutable_welcome();
-    write(encode_handshake(welcome));
-    grpc::Slice status(status_frame(server_.snapshot()).SerializeAsString());
-    write(grpc::ByteBuffer(&status, 1));
-    finish(grpc::Status::OK);
-    return;
-  } else if (!server_.attach(*group_, src_, ctx_->peer(), &error)) {
-    log_warning("refused a second stream claiming to be rank " + std::to_string(src_) + " of group '" +
-                transcript_.group_key + "' from " + ctx_->peer() + ": " + error);
-  } else {
-    attached_ = true;
-  }
-  torch_grpc_pg::Frame reply;
-  reply.mutable_welcome()->set_error(error);
-  if (!error.empty()) {
-    refuse(grpc::StatusCode::PERMISSION_DENIED, error, encode_handshake(reply));
-    return;
-  }
-  leave_handshake();
-  state_ = State::Open;
-  write(encode_handshake(reply));
-  read_next();
 }
 
 void ExchangeReactor::fail_stream(const std::string& reason) {
@@ -190,15 +214,31 @@ void ExchangeReactor::fail_stream(const std::string& reason) {
 }
 
 void ExchangeReactor::on_frame() {
+  grpc::ByteBuffer received = std::move(read_buffer_);
+  read_buffer_.Clear();
+  if (opener_) {
+    try {
+      received = opener_->open(std::move(received));
+    } catch (const FrameAuthenticationError& e) {
+      fail_stream(link_name() + " failed authentication at " + e.what() +
+                  ": a message was altered, dropped, replayed or reordered between the two ranks, so something on "
+                  "the way tampers with their traffic (or the ranks derived different keys: are both of the same "
+                  "torch-grpc-pg release?)");
+      return;
+    } catch (const std::exception& e) {
+      fail_stream("rank " + std::to_string(src_) + " sent an unreadable message (" + e.what() +
+                  "); are both ranks running the same torch-grpc-pg release?");
+      return;
+    }
+  }
   DecodedMessage message;
   try {
-    message = decode_message(std::move(read_buffer_), group_->max_payload_bytes);
+    message = decode_message(std::move(received), group_->max_payload_bytes);
   } catch (const std::exception& e) {
     fail_stream("rank " + std::to_string(src_) + " sent an unreadable frame (" + e.what() +
                 "); are both ranks running the same torch-grpc-pg release and chunk_bytes?");
     return;
   }
-  read_buffer_.Clear();
   if (message.ring_offer) {
     on_ring_offer(*message.ring_offer);
     return;
@@ -245,11 +285,18 @@ void ExchangeReactor::on_ring_offer(const RingOffer& offer) {
     return;
   }
   std::string declined;
-  if (!is_unix_address(ctx_->peer())) {
+  if (peer_->kind != LinkKind::Unix || !peer_->process) {
     // Only a caller that reached this rank's unix socket, which only this
-    // host's processes with access to the socket's directory can, may name a
-    // file of this host for it to open.
-    declined = "it came over " + ctx_->peer() + ", not a unix socket";
+    // host's processes of this user can, may name a file of this host for it
+    // to open.
+    declined = "it came over " + ctx_->peer() + ", not the rank's unix socket";
+  } else if (offer.pid != static_cast<uint32_t>(peer_->process->pid)) {
+    // A file of another process: the caller may not choose which ring this
+    // rank reads, only offer its own.
+    declined = "it names process " + std::to_string(offer.pid) + ", but process " +
+               std::to_string(peer_->process->pid) + " is at the other end of the socket";
+  } else if (offer.pid == static_cast<uint32_t>(::getpid())) {
+    declined = "it names a file of this very process";
   } else {
     try {
       ring_ = ReceiveRing::attach(offer, group_->max_payload_bytes);
@@ -272,10 +319,19 @@ void ExchangeReactor::on_ring_switch() {
     return;
   }
   std::shared_ptr<Gate> gate = gate_;
-  ring_reader_ = std::make_unique<RingReader>(
-      ring_, group_->mailbox, src_, group_->max_payload_bytes,
-      RingReader::Events{[gate] { gate->finish_drained(); },
-                         [gate](const std::string& reason) { gate->refuse_from_ring(reason); }});
+  try {
+    ring_reader_ = std::make_unique<RingReader>(
+        ring_, group_->mailbox, src_, group_->max_payload_bytes,
+        RingReader::Events{[gate] { gate->finish_drained(); },
+                           [gate](const std::string& reason) { gate->refuse_from_ring(reason); }});
+  } catch (const std::exception& e) {
+    // No thread to spare (a container's pids limit, say): the frames that
+    // follow are in the ring, and nobody would read them.
+    fail_stream("rank " + std::to_string(group_->rank) + " could not start the thread that reads rank " +
+                std::to_string(src_) + "'s shared ring (" + e.what() +
+                "); raise the process's thread limit, or set TORCH_GRPC_PG_SHARED_MEMORY=0");
+    return;
+  }
   // The stream still carries aborts, and its end.
   read_next();
 }
@@ -284,7 +340,7 @@ void ExchangeReactor::OnCancel() {
   auto gate = gate_;
   std::lock_guard<std::recursive_mutex> lock(gate->mutex());
   if (ring_reader_) ring_reader_->stop();
-  if (state_ == State::Open) {
+  if (open_) {
     group_->mailbox->close_source(src_, "the connection from rank " + std::to_string(src_) + " to rank " +
                                             std::to_string(group_->rank) + " broke (rank " +
                                             std::to_string(src_) + " may have crashed)");
@@ -298,22 +354,12 @@ void ExchangeReactor::OnDone() {
   // events into nothing, so the reader is this thread's alone to stop and
   // join, outside the gate's mutex, which its events take.
   ring_reader_.reset();
-  {
-    std::lock_guard<std::recursive_mutex> lock(gate_->mutex());
-    leave_handshake();
-    if (attached_) server_.detach(*group_, src_);
-  }
   delete this;  // the callback API's ownership rule for server reactors
 }
 
 void ExchangeReactor::Gate::resume() {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
-  if (reactor_ != nullptr && reactor_->state_ == State::Open && !reactor_->finishing_) reactor_->read_next();
-}
-
-void ExchangeReactor::Gate::cancel() {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
-  if (reactor_ != nullptr) reactor_->ctx_->TryCancel();
+  if (reactor_ != nullptr && reactor_->open_ && !reactor_->finishing_) reactor_->read_next();
 }
 
 void ExchangeReactor::Gate::finish_drained() {

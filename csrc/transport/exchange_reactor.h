@@ -11,6 +11,8 @@
 #include <string>
 
 #include "transport/auth.h"
+#include "transport/call_peer.h"
+#include "transport/frame_protection.h"
 #include "transport/mailbox.h"
 #include "transport/rank_server.h"
 #include "transport/ring_reader.h"
@@ -18,13 +20,20 @@
 
 namespace tgpg {
 
-// Server side of one Exchange stream. It runs the handshake (Hello, Challenge,
-// Proof, Welcome) before it believes anything the caller says, then binds the
-// stream to the (group, source rank) it authenticated as and hands its frames
-// to that group's mailbox, pausing while the mailbox's queue for that peer is
-// full. Nothing a caller sends before the Welcome reaches a group. Once the
-// caller switches to the shared ring it offered, a RingReader delivers its
-// data frames instead, and the stream carries only aborts and the end.
+// Server side of one Exchange stream. The caller's Hello comes in the call's
+// metadata, so the stream is authenticated, or refused, as it is created,
+// before a single message of it is read: a stranger can make the rank buffer
+// no more than gRPC's flow-control window holds, and only until the refusal.
+// Once authenticated, the stream is bound to the (group, source rank) it
+// proved, for the group's life; its messages are checked against the link's
+// keys (when it has them) and its frames handed to that group's mailbox,
+// pausing while the mailbox's queue for that peer is full. Once the caller
+// switches to the shared ring it offered, a RingReader delivers its data frames
+// instead, and the stream carries only aborts and the end.
+//
+// No exception leaves a reaction: gRPC would end the process. Whatever goes
+// wrong in one refuses the stream, or fails the group once the stream speaks
+// for a rank of it.
 class ExchangeReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   ExchangeReactor(grpc::CallbackServerContext* ctx, RankServer& server);
@@ -38,12 +47,11 @@ class ExchangeReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::B
   // gRPC may run a reaction inline, inside the Start* or Finish call that
   // caused it, and OnDone deletes the reactor. The gate therefore lives apart
   // from the reactor, and its mutex is recursive. The mailbox resumes reading
-  // through it, and the server cuts a stalled handshake through it.
-  class Gate : public ReadGate, public Cancellable {
+  // through it, and the ring reader reports through it.
+  class Gate : public ReadGate {
    public:
     explicit Gate(ExchangeReactor* reactor) : reactor_(reactor) {}
     void resume() override;
-    void cancel() override;
     // From the ring reader's thread: it delivered everything, or refused a record.
     void finish_drained();
     void refuse_from_ring(const std::string& reason);
@@ -55,11 +63,12 @@ class ExchangeReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::B
     ExchangeReactor* reactor_;
   };
 
-  enum class State { AwaitHello, AwaitProof, Open };
-
   // All below run with the gate mutex held.
-  void on_hello();
-  void on_proof();
+  void admit();
+  // The Hello's checks that only a caller who proved the token (or any caller,
+  // without one) may hear the outcome of; "" when all pass.
+  std::string check_claims(const Transcript& claims);
+  void welcome(const Transcript& claims);
   void on_frame();
   void on_ring_offer(const RingOffer& offer);
   void on_ring_switch();
@@ -67,26 +76,27 @@ class ExchangeReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::B
   void fail_stream(const std::string& reason);
   void read_next();
   void write(grpc::ByteBuffer message);
-  // Ends the stream; a non-empty `reply` is written first, so the caller hears why.
-  void refuse(grpc::StatusCode code, const std::string& reason, grpc::ByteBuffer reply = {});
+  // Ends the stream with `reason`, before it was admitted: to a caller that
+  // has not proved the token, only that it was refused; the rank logs why.
+  void refuse_before_proof(const std::string& reason);
+  void refuse(grpc::StatusCode code, const std::string& reason);
   // The one way out: Finish, after any queued replies.
   void finish(grpc::Status status);
-  void leave_handshake();
   std::string source() const;
+  std::string link_name() const;
 
   grpc::CallbackServerContext* ctx_;
   RankServer& server_;
   std::shared_ptr<Gate> gate_;
-  State state_ = State::AwaitHello;
-  bool in_handshake_ = false;
+  bool open_ = false;  // admitted as a rank of a group: its frames are read
   bool finishing_ = false;
   grpc::ByteBuffer read_buffer_;
   std::deque<grpc::ByteBuffer> writes_;  // the front one is in flight
   std::optional<grpc::Status> finish_after_writes_;
   std::shared_ptr<ServedGroup> group_;
-  Transcript transcript_;
+  std::optional<CallPeer> peer_;
+  std::unique_ptr<FrameOpener> opener_;  // on a link with keys
   int src_ = -1;
-  bool attached_ = false;
   bool observer_ = false;  // a monitoring tool: it reads the status and leaves
   bool ring_offered_ = false;
   std::shared_ptr<ReceiveRing> ring_;  // the caller's shared ring, once mapped

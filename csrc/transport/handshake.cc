@@ -1,64 +1,73 @@
 #include "transport/handshake.h"
 
-#include <grpcpp/support/slice.h>
-
 #include <stdexcept>
-#include <string>
-#include <vector>
 
 namespace tgpg {
 namespace {
 
-int steps_present(const torch_grpc_pg::Frame& m) {
-  return int{m.has_hello()} + int{m.has_challenge()} + int{m.has_proof()} + int{m.has_welcome()};
-}
-
-bool holds(const torch_grpc_pg::Frame& m, HandshakeStep step) {
-  switch (step) {
-    case HandshakeStep::Hello: return m.has_hello();
-    case HandshakeStep::Challenge: return m.has_challenge();
-    case HandshakeStep::Proof: return m.has_proof();
-    case HandshakeStep::Welcome: return m.has_welcome();
+void check_size(const std::string& bytes, const char* what) {
+  if (bytes.size() > kMaxHandshakeBytes) {
+    throw std::runtime_error(std::string(what) + " of " + std::to_string(bytes.size()) + " bytes exceeds " +
+                             std::to_string(kMaxHandshakeBytes));
   }
-  return false;
 }
 
 }  // namespace
 
-const char* handshake_step_name(HandshakeStep step) {
-  switch (step) {
-    case HandshakeStep::Hello: return "Hello";
-    case HandshakeStep::Challenge: return "Challenge";
-    case HandshakeStep::Proof: return "Proof";
-    case HandshakeStep::Welcome: return "Welcome";
-  }
-  return "unknown step";
+std::string encode_hello(const Transcript& t, const std::string& proof) {
+  torch_grpc_pg::Hello hello;
+  hello.set_protocol_version(t.protocol_version);
+  hello.set_group_key(t.group_key);
+  hello.set_src_rank(t.src_rank);
+  hello.set_dst_rank(t.dst_rank);
+  hello.set_world_size(t.world_size);
+  hello.set_nonce(t.caller_nonce);
+  hello.set_settings(t.settings);
+  hello.set_link(static_cast<torch_grpc_pg::LinkKind>(t.link));
+  hello.set_protection(static_cast<torch_grpc_pg::Protection>(t.protection));
+  hello.set_proof(proof);
+  return hello.SerializeAsString();
 }
 
-grpc::ByteBuffer encode_handshake(const torch_grpc_pg::Frame& message) {
-  grpc::Slice slice(message.SerializeAsString());
-  return grpc::ByteBuffer(&slice, 1);
+ReceivedHello decode_hello(const std::string& bytes) {
+  check_size(bytes, "the Hello");
+  torch_grpc_pg::Hello hello;
+  if (!hello.ParseFromString(bytes)) throw std::runtime_error("the Hello is not a valid message");
+  // Enums of proto3 keep unknown values: each is checked, not cast blindly.
+  if (hello.link() != torch_grpc_pg::LINK_KIND_TCP && hello.link() != torch_grpc_pg::LINK_KIND_UNIX) {
+    throw std::runtime_error("the Hello names an unknown link kind " + std::to_string(hello.link()));
+  }
+  if (hello.protection() != torch_grpc_pg::PROTECTION_NONE && hello.protection() != torch_grpc_pg::PROTECTION_MAC &&
+      hello.protection() != torch_grpc_pg::PROTECTION_AEAD) {
+    throw std::runtime_error("the Hello names an unknown protection " + std::to_string(hello.protection()));
+  }
+  ReceivedHello out;
+  Transcript& t = out.transcript;
+  t.protocol_version = hello.protocol_version();
+  t.group_key = hello.group_key();
+  t.src_rank = hello.src_rank();
+  t.dst_rank = hello.dst_rank();
+  t.world_size = hello.world_size();
+  t.settings = hello.settings();
+  t.link = static_cast<LinkKind>(hello.link());
+  t.protection = static_cast<Protection>(hello.protection());
+  t.caller_nonce = hello.nonce();
+  out.proof = hello.proof();
+  return out;
 }
 
-torch_grpc_pg::Frame decode_handshake(const grpc::ByteBuffer& buffer, HandshakeStep expected) {
-  const std::string what = std::string("handshake ") + handshake_step_name(expected);
-  if (buffer.Length() > kMaxHandshakeBytes) {
-    throw std::runtime_error(what + " of " + std::to_string(buffer.Length()) + " bytes exceeds " +
-                             std::to_string(kMaxHandshakeBytes));
-  }
-  std::vector<grpc::Slice> slices;
-  if (!buffer.Dump(&slices).ok()) throw std::runtime_error(what + " is unreadable");
-  std::string bytes;
-  bytes.reserve(buffer.Length());
-  for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  torch_grpc_pg::Frame message;
-  if (!message.ParseFromString(bytes)) throw std::runtime_error(what + " is not a valid message");
-  if (message.has_header() || !message.payload().empty() || steps_present(message) != 1 ||
-      !holds(message, expected)) {
-    throw std::runtime_error("expected a " + what + " message; got something else. Is the peer a "
-                             "torch-grpc-pg rank of the same release?");
-  }
-  return message;
+std::string encode_welcome(const std::string& server_nonce, const std::string& proof) {
+  torch_grpc_pg::Welcome welcome;
+  welcome.set_nonce(server_nonce);
+  welcome.set_proof(proof);
+  return welcome.SerializeAsString();
+}
+
+torch_grpc_pg::Welcome decode_welcome(const std::string& bytes) {
+  check_size(bytes, "the Welcome");
+  torch_grpc_pg::Welcome welcome;
+  if (!welcome.ParseFromString(bytes)) throw std::runtime_error("the Welcome is not a valid message");
+  return welcome;
 }
 
 }  // namespace tgpg

@@ -9,4 +9,9 @@ namespace tgpg {
 // intruder, a deployment without authentication.
 void log_warning(const std::string& message);
 
+// log_warning for events a stranger can cause at will (refused connections):
+// at most one line a second, the next one saying how many were left out, so
+// that a flood of them cannot flood the log.
+void log_warning_limited(const std::string& message);
+
 }  // namespace tgpg

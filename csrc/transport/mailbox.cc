@@ -19,6 +19,10 @@ bool Mailbox::deliver(int src, ReceivedFrame frame, const std::shared_ptr<ReadGa
   std::lock_guard<std::mutex> lock(mutex_);
   if (shut_down_) return true;
   Source& source = sources_.at(src);
+  // Nothing speaks for a source after its stream ended: its place in the
+  // group is never given to another stream (RankServer::attach), and a frame
+  // that still came would be taken as the next of a message it is not part of.
+  if (source.closed) return true;
   source.bytes += frame.payload_bytes();
   source.frames.push_back(std::move(frame));
   arrived_.notify_all();

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "transport/auth.h"
+#include "transport/frame_protection.h"
 #include "transport/channel_options.h"
 #include "transport/endpoint.h"
 #include "transport/handshake.h"
@@ -45,24 +46,16 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
     std::string error;
   };
 
-  Stream(const std::shared_ptr<grpc::Channel>& channel, const LinkIdentity& identity, const std::string& token,
-         const std::string& settings, std::string description, std::function<void(const std::string&)> on_failure)
-      : identity_(identity), token_(token), description_(std::move(description)), on_failure_(std::move(on_failure)) {
-    transcript_ = Transcript{identity.group_key, static_cast<uint32_t>(identity.src_rank),
-                             static_cast<uint32_t>(identity.dst_rank), static_cast<uint32_t>(identity.world_size),
-                             random_nonce(), ""};
+  // Starts the call, its Hello in the metadata (see Hello in protos/torch_grpc_pg.proto).
+  Stream(const std::shared_ptr<grpc::Channel>& channel, const Transcript& transcript, const std::string& token,
+         std::string description, std::function<void(const std::string&)> on_failure)
+      : transcript_(transcript), token_(token), description_(std::move(description)),
+        on_failure_(std::move(on_failure)) {
+    context_.AddMetadata(kHelloMetadataKey, encode_hello(transcript_, caller_proof(token_, transcript_)));
     grpc::TemplatedGenericStub<grpc::ByteBuffer, grpc::ByteBuffer> stub(channel);
     stub.PrepareBidiStreamingCall(&context_, kExchangeMethod, grpc::StubOptions(), this);
-    torch_grpc_pg::Frame hello;
-    auto* h = hello.mutable_hello();
-    h->set_protocol_version(kProtocolVersion);
-    h->set_group_key(identity.group_key);
-    h->set_src_rank(transcript_.src_rank);
-    h->set_dst_rank(transcript_.dst_rank);
-    h->set_world_size(transcript_.world_size);
-    h->set_nonce(transcript_.caller_nonce);
-    h->set_settings(settings);
-    write(encode_handshake(hello));
+    // The server writes nothing after its Welcome; this read ends when the
+    // call does, which is how a link with nothing to write learns of its end.
     StartRead(&read_buffer_);
     // Frames are written from the group's threads, outside any reaction. The
     // hold keeps gRPC from finishing the call (and freeing its state) between
@@ -85,6 +78,9 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
     cv_.wait(lock, [&] { return done_; });
     return outcome_;
   }
+
+  // The link's keys, once the handshake is over.
+  const LinkKeys& keys() const { return keys_; }
 
   bool write(grpc::ByteBuffer message) override {
     {
@@ -146,23 +142,24 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
     return done_;
   }
 
+  void OnReadInitialMetadataDone(bool ok) override {
+    // Without metadata the call has ended; OnDone tells why (a refusal).
+    if (!ok) return;
+    try {
+      on_welcome();
+    } catch (const std::exception& e) {
+      fail_handshake(std::string("the peer's Welcome is malformed: ") + e.what(), false);
+    }
+  }
+
   void OnReadDone(bool ok) override {
     if (!ok) {
       end_writes();  // the server ended the call; OnDone says why
       return;
     }
-    Phase phase;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      phase = phase_;
-    }
-    try {
-      if (phase == Phase::AwaitChallenge) on_challenge();
-      else if (phase == Phase::AwaitWelcome) on_welcome();
-      else keep_reading();  // nothing follows the Welcome: dropped
-    } catch (const std::exception& e) {
-      fail_handshake(std::string("the peer's handshake reply is malformed: ") + e.what(), false);
-    }
+    // The server sends nothing after its Welcome: dropped.
+    read_buffer_.Clear();
+    StartRead(&read_buffer_);
   }
 
   void OnWriteDone(bool ok) override {
@@ -199,8 +196,22 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
       queue_.clear();
       if (phase_ != Phase::Open && phase_ != Phase::Failed) {
         phase_ = Phase::Failed;
-        outcome_ = {false, status.error_code() == grpc::StatusCode::UNAVAILABLE,
-                    status.error_message() + " (gRPC status " + std::to_string(status.error_code()) + ")"};
+        const int dst = static_cast<int>(transcript_.dst_rank);
+        if (status.error_code() == grpc::StatusCode::PERMISSION_DENIED &&
+            status.error_message() == kRefusedWithoutReason) {
+          outcome_ = {false, false,
+                      "authentication failed: rank " + std::to_string(dst) +
+                          " refused the connection without saying why, as a rank that holds a token does to a "
+                          "caller that has not proved it: the ranks hold different TORCH_GRPC_PG_AUTH_TOKENs (set "
+                          "the same one on every rank), or run different torch-grpc-pg releases. Rank " +
+                          std::to_string(dst) + "'s log says which."};
+        } else if (status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+          outcome_ = {false, false, "rank " + std::to_string(dst) + " refused the connection: " +
+                                        status.error_message()};
+        } else {
+          outcome_ = {false, status.error_code() == grpc::StatusCode::UNAVAILABLE,
+                      status.error_message() + " (gRPC status " + std::to_string(status.error_code()) + ")"};
+        }
       }
       report = phase_ == Phase::Open && !closing_;
     }
@@ -215,62 +226,32 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   }
 
  private:
-  enum class Phase { AwaitChallenge, AwaitWelcome, Open, Failed };
-
-  void on_challenge() {
-    const torch_grpc_pg::Frame message = decode_handshake(read_buffer_, HandshakeStep::Challenge);
-    read_buffer_.Clear();
-    const auto& challenge = message.challenge();
-    if (!challenge.error().empty()) {
-      fail_handshake("rank " + std::to_string(identity_.dst_rank) + " refused the connection: " + challenge.error(),
-                     false);
-      return;
-    }
-    transcript_.server_nonce = challenge.nonce();
-    // The server proves itself first: a server planted in the store must not
-    // get this rank's proof.
-    if (challenge.nonce().size() != kNonceBytes ||
-        !check_proof(token_, ProofRole::Server, transcript_, challenge.proof())) {
-      fail_handshake("authentication failed: rank " + std::to_string(identity_.dst_rank) +
-                         " could not prove that it holds this rank's TORCH_GRPC_PG_AUTH_TOKEN. Either the ranks "
-                         "hold different tokens (set the same one on every rank), or the address published "
-                         "in the store is not rank " + std::to_string(identity_.dst_rank) + "'s.",
-                     false);
-      return;
-    }
-    torch_grpc_pg::Frame proof;
-    proof.mutable_proof()->set_proof(make_proof(token_, ProofRole::Caller, transcript_));
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      phase_ = Phase::AwaitWelcome;
-    }
-    write(encode_handshake(proof));
-    StartRead(&read_buffer_);
-  }
+  enum class Phase { AwaitWelcome, Open, Failed };
 
   void on_welcome() {
-    const torch_grpc_pg::Frame message = decode_handshake(read_buffer_, HandshakeStep::Welcome);
-    read_buffer_.Clear();
-    if (!message.welcome().error().empty()) {
-      fail_handshake("rank " + std::to_string(identity_.dst_rank) + " refused the connection: " +
-                         message.welcome().error(),
+    const auto& metadata = context_.GetServerInitialMetadata();
+    const auto found = metadata.find(kWelcomeMetadataKey);
+    // No Welcome: the server refused, and the call's status says why.
+    if (found == metadata.end()) return;
+    const torch_grpc_pg::Welcome welcome = decode_welcome(std::string(found->second.data(), found->second.size()));
+    const int dst = static_cast<int>(transcript_.dst_rank);
+    // The caller proved itself in its Hello; the server proves itself here,
+    // before this rank writes a frame. Both proofs, and the keys, bind every
+    // field of the Hello and both nonces.
+    if (welcome.nonce().size() != kNonceBytes ||
+        !proofs_match(server_proof(token_, transcript_, welcome.nonce()), welcome.proof())) {
+      fail_handshake("authentication failed: rank " + std::to_string(dst) +
+                         " could not prove that it holds this rank's TORCH_GRPC_PG_AUTH_TOKEN. Either the ranks "
+                         "hold different tokens (set the same one on every rank), or the address published "
+                         "in the store is not rank " + std::to_string(dst) + "'s.",
                      false);
       return;
     }
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      phase_ = Phase::Open;
-      cv_.notify_all();
-    }
-    // The server sends nothing more; this read fails when the call ends, and
-    // its failure removes the hold, so that the call of a stream with nothing
-    // to write still finishes (and OnDone reports it) when the peer is gone.
-    keep_reading();
-  }
-
-  void keep_reading() {
-    read_buffer_.Clear();
-    StartRead(&read_buffer_);
+    keys_ = derive_link_keys(token_, transcript_, welcome.nonce());
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (phase_ != Phase::AwaitWelcome) return;
+    phase_ = Phase::Open;
+    cv_.notify_all();
   }
 
   // Whoever takes the hold removes it: once, and only when no write can start
@@ -320,17 +301,17 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
     end_writes();
   }
 
-  LinkIdentity identity_;
+  Transcript transcript_;
   std::string token_;
   std::string description_;
   std::function<void(const std::string&)> on_failure_;
   grpc::ClientContext context_;
-  Transcript transcript_;
   grpc::ByteBuffer read_buffer_;
+  LinkKeys keys_;
 
   mutable std::mutex mutex_;
   std::condition_variable cv_;
-  Phase phase_ = Phase::AwaitChallenge;
+  Phase phase_ = Phase::AwaitWelcome;
   Outcome outcome_;
   std::deque<grpc::ByteBuffer> queue_;
   grpc::ByteBuffer in_flight_;
@@ -348,12 +329,17 @@ PeerLink::PeerLink(const std::string& target, const LinkIdentity& identity, cons
     : description_("rank " + std::to_string(identity.src_rank) + " to rank " + std::to_string(identity.dst_rank) +
                    " at " + target),
       count_sent_(std::move(count_sent)),
-      ring_possible_(config.shared_memory && is_unix_address(target)),
       ring_slots_(static_cast<uint32_t>(std::clamp<size_t>(config.max_queued_frames, 1, kRingSlots))),
       ring_slot_bytes_(config.max_payload_bytes) {
+  const LinkKind kind = is_unix_address(target) ? LinkKind::Unix : LinkKind::Tcp;
+  const Protection protection =
+      link_protection(!config.auth_token.empty(), kind, config.tls_enabled(), config.encrypt);
+  // A ring's records are not protected: rings only ever join unprotected
+  // links, which are this host's unix sockets.
+  ring_possible_ = config.shared_memory && kind == LinkKind::Unix && protection == Protection::None;
   const grpc::ChannelArguments args = channel_arguments(config);
   // A channel over a socket of our own cannot reconnect: each try gets a new one.
-  const bool own_socket = dials_own_unix_socket(target, config);
+  const bool own_socket = kind == LinkKind::Unix;
   std::shared_ptr<grpc::Channel> shared;
   if (!own_socket) shared = grpc::CreateCustomChannel(target, channel_credentials(config), args);
   // The peer published its address only after its server was up, so the first
@@ -366,10 +352,22 @@ PeerLink::PeerLink(const std::string& target, const LinkIdentity& identity, cons
     Stream::Outcome outcome;
     if (own_socket) channel = dial_unix_socket(target, config, args, &outcome.error);
     if (channel) {
-      auto stream = std::make_unique<Stream>(channel, identity, config.auth_token, config.group_settings,
-                                             description_, on_failure);
+      // A fresh nonce per try: each call is a handshake of its own.
+      const Transcript transcript{kProtocolVersion,
+                                  identity.group_key,
+                                  static_cast<uint32_t>(identity.src_rank),
+                                  static_cast<uint32_t>(identity.dst_rank),
+                                  static_cast<uint32_t>(identity.world_size),
+                                  config.group_settings,
+                                  kind,
+                                  protection,
+                                  random_nonce()};
+      auto stream = std::make_unique<Stream>(channel, transcript, config.auth_token, description_, on_failure);
       outcome = stream->wait_handshake(deadline);
       if (outcome.ok) {
+        if (protection != Protection::None) {
+          sealer_ = std::make_unique<FrameSealer>(protection, stream->keys().caller_to_server);
+        }
         channel_ = std::move(channel);
         stream_ = std::move(stream);
         return;
@@ -390,7 +388,10 @@ PeerLink::PeerLink(const std::string& target, const LinkIdentity& identity, cons
 bool PeerLink::send(const FrameHeader& header, ByteView payload, std::function<void()> release) {
   if (RingWriter* writer = ring_writer(header)) return writer->send(header, payload, std::move(release));
   count_sent_(payload.size, /*through_ring=*/false);
-  return stream_->write(encode_frame(header, payload, std::move(release)));
+  if (!sealer_) return stream_->write(encode_frame(header, payload, std::move(release)));
+  // Numbered in the order they are queued: the receiver opens them in that order.
+  std::lock_guard<std::mutex> lock(seal_mutex_);
+  return stream_->write(sealer_->seal(encode_frame_prefix(header, payload.size), payload, std::move(release)));
 }
 
 RingWriter* PeerLink::ring_writer(const FrameHeader& header) {

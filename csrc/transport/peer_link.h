@@ -11,6 +11,7 @@
 #include <string>
 
 #include "algorithms/frame.h"
+#include "transport/frame_protection.h"
 #include "transport/ring_writer.h"
 #include "transport/transport_config.h"
 
@@ -25,7 +26,8 @@ struct LinkIdentity {
 
 // This rank's one stream to one peer: opens an Exchange stream, runs the
 // handshake that authenticates both ends, then writes frames in order on that
-// stream for the life of the group. Writes are queued and return at once.
+// stream for the life of the group, each protected with the link's keys where
+// it has them (a token, over TCP). Writes are queued and return at once.
 class PeerLink {
  public:
   // Connects and handshakes, retrying while the peer's server is not up yet,
@@ -64,6 +66,8 @@ class PeerLink {
   RingWriter::SentCounter count_sent_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<Stream> stream_;
+  std::unique_ptr<FrameSealer> sealer_;  // on a link whose handshake gave it keys
+  std::mutex seal_mutex_;
   std::mutex ring_mutex_;
   bool ring_possible_;
   uint32_t ring_slots_;

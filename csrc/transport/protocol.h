@@ -3,8 +3,14 @@
 namespace tgpg {
 
 // PROTOCOL_VERSION_CURRENT of protos/torch_grpc_pg.proto (wire_format.cc checks).
-constexpr unsigned kProtocolVersion = 6;
+constexpr unsigned kProtocolVersion = 7;
 
 constexpr const char* kExchangeMethod = "/torch_grpc_pg.ProcessGroupService/Exchange";
+
+// Where the handshake travels (see Hello in protos/torch_grpc_pg.proto): binary
+// metadata, which gRPC bounds (kMaxHandshakeMetadataBytes) before any of it
+// reaches this code.
+constexpr const char* kHelloMetadataKey = "tgpg-hello-bin";
+constexpr const char* kWelcomeMetadataKey = "tgpg-welcome-bin";
 
 }  // namespace tgpg

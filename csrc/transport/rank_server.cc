@@ -18,6 +18,7 @@
 #include "transport/channel_options.h"
 #include "transport/endpoint.h"
 #include "transport/exchange_reactor.h"
+#include "transport/frame_protection.h"
 #include "transport/malloc_tuning.h"
 #include "transport/socket_dir.h"
 #include "transport/wire_format.h"
@@ -62,6 +63,7 @@ std::string conflicting_setting(const TransportConfig& running, const TransportC
   if (wanted.port != 0 && wanted.port != running.port) return "port (TORCH_GRPC_PG_PORT)";
   if (wanted.unix_sockets != running.unix_sockets) return "unix_sockets (TORCH_GRPC_PG_UNIX_SOCKETS)";
   if (wanted.health_public != running.health_public) return "health_public (TORCH_GRPC_PG_HEALTH_PUBLIC)";
+  if (wanted.encrypt != running.encrypt) return "encrypt (TORCH_GRPC_PG_ENCRYPT)";
   if (wanted.max_payload_bytes > running.max_payload_bytes) return "chunk_bytes (TORCH_GRPC_PG_CHUNK_BYTES), larger than";
   return "";
 }
@@ -107,7 +109,7 @@ std::optional<TransportConfig> RankServer::running_config() {
 RankServer::RankServer(const TransportConfig& config) : config_(config), service_(std::make_unique<Service>(*this)) {
   if (config.tune_malloc) keep_freed_memory_for_reuse();
   grpc::ServerBuilder builder;
-  apply_server_options(builder, config.max_payload_bytes + kMaxHeaderBytes);
+  apply_server_options(builder, config.max_payload_bytes + kMaxHeaderBytes + kFramingBytes);
   resize_quota();
   builder.SetResourceQuota(quota_);
   // gRPC's Health and reflection services cannot run this backend's token
@@ -124,31 +126,28 @@ RankServer::RankServer(const TransportConfig& config) : config_(config), service
   std::string host = config.bind_host.empty() ? "0.0.0.0" : config.bind_host;
   if (host.find(':') != std::string::npos && host.front() != '[') host = "[" + host + "]";
   builder.AddListeningPort(host + ":" + std::to_string(config.port), credentials, &port_);
-  std::unique_ptr<PrivateSocketDir> socket_dir;
-  if (config.unix_sockets) {
-    socket_dir = std::make_unique<PrivateSocketDir>();
-    unix_path_ = socket_dir->socket_path();
-    builder.AddListeningPort(kUnixScheme + unix_path_, credentials);
-  }
   builder.RegisterService(service_.get());
   server_ = builder.BuildAndStart();
   if (!server_ || port_ == 0) {
     throw std::runtime_error("could not start the gRPC server on " + host + ":" + std::to_string(config.port) +
-                             (unix_path_.empty() ? "" : " and unix:" + unix_path_) +
                              ": the port is in use, or the address is not one of this host's. Choose another "
                              "port with TORCH_GRPC_PG_PORT (0 for any free port), or another address with "
                              "TORCH_GRPC_PG_BIND_HOST.");
   }
   config_.port = port_;
-  if (!unix_path_.empty()) {
-    // The directory already keeps other users out; the mode says so too.
-    ::chmod(unix_path_.c_str(), 0600);
+  if (config.unix_sockets) {
+    // The unix socket carries no TLS: only this user can reach it, and what
+    // TLS would add against its own processes they could read from memory.
+    auto socket_dir = std::make_unique<PrivateSocketDir>();
+    unix_listener_ = std::make_unique<UnixListener>(socket_dir->socket_path(), *server_);
+    unix_path_ = socket_dir->socket_path();
     socket_dir_holder_ = std::move(socket_dir);
   }
   refresh_health();
 }
 
 RankServer::~RankServer() {
+  unix_listener_.reset();  // no connection reaches the server while it shuts down
   // Bounded: a peer that never closes its stream must not hang process exit.
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
 }
@@ -239,7 +238,7 @@ std::shared_ptr<ServedGroup> RankServer::find_group(const std::string& key, int 
     *error = "rank " + std::to_string(src) + " runs this group with " + settings + ", rank " +
              std::to_string(group->rank) + " with " + group->settings +
              ". Set TORCH_GRPC_PG_CHUNK_BYTES and TORCH_GRPC_PG_DIRECT_MAX_BYTES (or the Options fields) to the "
-             "same values on every rank.";
+             "same values on every rank, and the TLS settings (TORCH_GRPC_PG_TLS_*) on all ranks or none.";
     return nullptr;
   }
   return group;
@@ -249,46 +248,12 @@ bool RankServer::attach(ServedGroup& group, int src, const std::string& peer, st
   std::lock_guard<std::mutex> lock(mutex_);
   std::string& holder = group.attached.at(src);
   if (!holder.empty()) {
-    *error = "rank " + std::to_string(src) + " already has a stream open to rank " + std::to_string(group.rank) +
-             " (from " + holder + "); a process group has exactly one per pair of ranks";
+    *error = "rank " + std::to_string(src) + " already has a stream to rank " + std::to_string(group.rank) +
+             " (from " + holder + "); a process group has exactly one per pair of ranks, for its whole life";
     return false;
   }
   holder = peer.empty() ? "?" : peer;
   return true;
-}
-
-void RankServer::detach(ServedGroup& group, int src) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  group.attached.at(src).clear();
-}
-
-bool RankServer::begin_handshake(const std::shared_ptr<Cancellable>& stream) {
-  std::vector<std::shared_ptr<Cancellable>> expired;
-  bool admitted = false;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    const auto now = std::chrono::steady_clock::now();
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      if (now - it->second.started < kHandshakeTimeout) {
-        ++it;
-        continue;
-      }
-      if (auto s = it->second.stream.lock()) expired.push_back(std::move(s));
-      it = pending_.erase(it);
-    }
-    if (pending_.size() < kMaxPendingHandshakes) {
-      pending_[stream.get()] = Pending{now, stream};
-      admitted = true;
-    }
-  }
-  // Outside the lock: cancelling may run the stream's reactions inline.
-  for (auto& s : expired) s->cancel();
-  return admitted;
-}
-
-void RankServer::end_handshake(const Cancellable* stream) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  pending_.erase(stream);
 }
 
 }  // namespace tgpg

@@ -16,15 +16,9 @@
 #include "transport/mailbox.h"
 #include "transport/socket_dir.h"
 #include "transport/transport_config.h"
+#include "transport/unix_listener.h"
 
 namespace tgpg {
-
-// Lets the server cut a stream that never finishes its handshake.
-class Cancellable {
- public:
-  virtual ~Cancellable() = default;
-  virtual void cancel() = 0;
-};
 
 // A process group as the server sees it: where its frames go, and which
 // peers hold its one authenticated stream per source rank.
@@ -35,7 +29,11 @@ struct ServedGroup {
   std::string settings;
   std::shared_ptr<Mailbox> mailbox;
   std::shared_ptr<GroupMonitor> monitor;
-  std::vector<std::string> attached;  // per source rank: the peer address of its live stream, or ""
+  // Per source rank: the peer address of the stream that authenticated as it,
+  // or "". A rank opens one stream per group to each peer, for the group's
+  // life; once taken, a place stays taken after that stream ends, so that no
+  // stranger can take it over for the rest of the group's life.
+  std::vector<std::string> attached;
 };
 
 // The one gRPC server of this process: every process group on this rank shares
@@ -72,29 +70,14 @@ class RankServer {
   // The group a Hello names, if it exists here and the claims fit it; else sets `error`.
   std::shared_ptr<ServedGroup> find_group(const std::string& key, int src, int dst, int world,
                                           const std::string& settings, std::string* error) const;
-  // Binds an authenticated stream to (group, src). Only one may be live: a
-  // second is refused, with `error` saying from where the first came.
+  // Binds an authenticated stream to (group, src), once for the group's life:
+  // a second stream is refused, with `error` saying from where the first came,
+  // whether or not the first has ended since.
   bool attach(ServedGroup& group, int src, const std::string& peer, std::string* error);
-  void detach(ServedGroup& group, int src);
-
-  // Streams that have not yet authenticated are few and short-lived: at most
-  // kMaxPendingHandshakes at once, each cut after kHandshakeTimeout. Each may
-  // hold one received message, so this bounds what strangers can make a rank
-  // buffer. Returns false when no slot is free.
-  bool begin_handshake(const std::shared_ptr<Cancellable>& stream);
-  void end_handshake(const Cancellable* stream);
-
-  static constexpr size_t kMaxPendingHandshakes = 16;
-  static constexpr std::chrono::seconds kHandshakeTimeout{10};
 
   class Service;
 
  private:
-  struct Pending {
-    std::chrono::steady_clock::time_point started;
-    std::weak_ptr<Cancellable> stream;
-  };
-
   void resize_quota();  // mutex_ held, or in the constructor
 
   static constexpr size_t kQuotaReserveBytes = 128 << 20;
@@ -105,10 +88,10 @@ class RankServer {
   std::string unix_path_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<UnixListener> unix_listener_;  // after server_: it hands connections to it
   int port_ = 0;
   mutable std::mutex mutex_;
   std::unordered_map<std::string, std::shared_ptr<ServedGroup>> groups_;
-  std::map<const Cancellable*, Pending> pending_;
 };
 
 }  // namespace tgpg

@@ -92,6 +92,20 @@ void futex_wake_all(std::atomic<uint32_t>& word, int wake = FUTEX_WAKE) {
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), wake, INT_MAX, nullptr, nullptr, 0);
 }
 
+// futex_waitv (Linux 5.16) as the kernel's ABI defines it, spelled out here
+// rather than taken from <linux/futex.h>, so that the build needs no headers of
+// 5.16 or later (manylinux_2_28, RHEL 8 and Ubuntu 20.04 ship older ones); a
+// kernel that lacks the call refuses it at run time, and readers fall back.
+struct FutexWaiter {
+  uint64_t val;
+  uint64_t uaddr;
+  uint32_t flags;
+  uint32_t reserved;
+};
+static_assert(sizeof(FutexWaiter) == 24, "struct futex_waitv is 24 bytes");
+constexpr long kSysFutexWaitv = 449;  // one number on every architecture (asm-generic)
+constexpr uint32_t kFutexSize32 = 0x02;  // FUTEX2_SIZE_U32
+
 // Set once the kernel (before Linux 5.16) or a seccomp filter has refused
 // futex_waitv; the process then sleeps on one word at a time.
 std::atomic<bool> futex_waitv_refused{false};
@@ -103,14 +117,14 @@ std::atomic<bool> futex_waitv_refused{false};
 bool futex_wait_either(std::atomic<uint32_t>& shared, uint32_t shared_seen, std::atomic<uint32_t>& local,
                        uint32_t local_seen, const timespec* deadline) {
   if (futex_waitv_refused.load(std::memory_order_relaxed)) return false;
-  futex_waitv waiters[2] = {};
+  FutexWaiter waiters[2] = {};
   waiters[0].uaddr = reinterpret_cast<uintptr_t>(&shared);
   waiters[0].val = shared_seen;
-  waiters[0].flags = FUTEX_32;
+  waiters[0].flags = kFutexSize32;
   waiters[1].uaddr = reinterpret_cast<uintptr_t>(&local);
   waiters[1].val = local_seen;
-  waiters[1].flags = FUTEX_32 | FUTEX_PRIVATE_FLAG;
-  if (::syscall(SYS_futex_waitv, waiters, 2, 0, deadline, CLOCK_MONOTONIC) >= 0) return true;
+  waiters[1].flags = kFutexSize32 | FUTEX_PRIVATE_FLAG;
+  if (::syscall(kSysFutexWaitv, waiters, 2, 0, deadline, CLOCK_MONOTONIC) >= 0) return true;
   // EAGAIN (a word moved on), EINTR and ETIMEDOUT all mean: look again. Any
   // other answer would come back at once on every call: a reader that kept
   // asking would spin.
@@ -323,15 +337,18 @@ std::shared_ptr<ReceiveRing> ReceiveRing::attach(const RingOffer& offer, uint64_
   }
   m->fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (m->fd < 0) throw std::runtime_error(system_error("opening " + path));
+  // The seals first: until they are set the peer could still cut the file
+  // after its size was checked, and a read past the new end kills this
+  // process with SIGBUS. Once sealed, the size checked below is the size for good.
+  const int seals = ::fcntl(m->fd, F_GET_SEALS);
+  if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
+    throw std::runtime_error("the file is not sealed against resizing");
+  }
   struct stat info = {};
   if (::fstat(m->fd, &info) != 0) throw std::runtime_error(system_error("fstat"));
   if (!S_ISREG(info.st_mode) || static_cast<uint64_t>(info.st_size) != m->bytes) {
     throw std::runtime_error("the file has " + std::to_string(info.st_size) + " bytes, not the " +
                              std::to_string(m->bytes) + " its shape needs");
-  }
-  const int seals = ::fcntl(m->fd, F_GET_SEALS);
-  if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
-    throw std::runtime_error("the file is not sealed against resizing");
   }
   m->map();
   // The mapping keeps the file; this process has no other use for the descriptor.

@@ -27,6 +27,7 @@ struct TransportConfig {
   bool health_public = false;         // serve grpc.health.v1 to callers that have not authenticated
   bool tune_malloc = true;            // keep_freed_memory_for_reuse() when the server starts
   bool shared_memory = true;          // chunks to and from peers on this host through a shared ring
+  bool encrypt = true;                // with a token, encrypt frames on TCP links (else authenticate only)
 
   bool tls_enabled() const { return !tls_cert_file.empty() || !tls_ca_file.empty(); }
 };

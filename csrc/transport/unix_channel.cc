@@ -34,14 +34,6 @@ class SocketFd {
 
 }  // namespace
 
-bool dials_own_unix_socket(const std::string& target, const TransportConfig& config) {
-#ifdef GPR_SUPPORT_CHANNELS_FROM_FD
-  return is_unix_address(target) && !config.tls_enabled();
-#else
-  return false;
-#endif
-}
-
 std::shared_ptr<grpc::Channel> dial_unix_socket(const std::string& target, const TransportConfig& config,
                                                 const grpc::ChannelArguments& args, std::string* retryable_error) {
 #ifdef GPR_SUPPORT_CHANNELS_FROM_FD

@@ -14,9 +14,8 @@ namespace tgpg {
 // SO_SNDBUF, 208 KiB by default: a 2 MiB chunk then crosses in ten rounds of
 // waking the reader and the writer. gRPC has no public way to set a socket
 // option, so for a peer on this host the rank connects the socket itself, with
-// a send buffer of a chunk, and hands it to gRPC. gRPC's TLS needs its own
-// connector, so links with TLS keep gRPC's socket (and the default buffer).
-bool dials_own_unix_socket(const std::string& target, const TransportConfig& config);
+// a send buffer of a chunk, and hands it to gRPC. The unix socket carries no
+// TLS (see UnixListener): only the rank's own user can reach it.
 
 // A channel over a new connection to `target` ("unix:<path>"). Returns null and
 // sets `retryable_error` while nothing listens there yet; throws

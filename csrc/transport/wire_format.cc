@@ -160,15 +160,22 @@ std::string frame_prefix(const torch_grpc_pg::FrameHeader& header, size_t payloa
 
 }  // namespace
 
+std::string encode_frame_prefix(const FrameHeader& header, size_t payload_bytes) {
+  return frame_prefix(to_proto(header), payload_bytes);
+}
+
+grpc::Slice borrowed_slice(ByteView payload, std::function<void()> release) {
+  // gRPC takes ownership of the release hook and calls it when it drops the slice.
+  auto hook = std::make_unique<PayloadRelease>(PayloadRelease{std::move(release)});
+  return grpc::Slice(const_cast<std::byte*>(payload.data), payload.size, &release_payload, hook.release());
+}
+
 grpc::ByteBuffer encode_frame(const FrameHeader& header, ByteView payload,
                               std::function<void()> release) {
   std::vector<grpc::Slice> slices;
-  slices.emplace_back(frame_prefix(to_proto(header), payload.size));
+  slices.emplace_back(encode_frame_prefix(header, payload.size));
   if (payload.size > 0) {
-    // gRPC takes ownership of the release hook and calls it when it drops the slice.
-    auto hook = std::make_unique<PayloadRelease>(PayloadRelease{std::move(release)});
-    slices.emplace_back(const_cast<std::byte*>(payload.data), payload.size, &release_payload,
-                        hook.release());
+    slices.push_back(borrowed_slice(payload, std::move(release)));
   } else if (release) {
     release();
   }

@@ -18,6 +18,14 @@ namespace tgpg {
 constexpr size_t kMaxHeaderBytes = 8 << 10;
 constexpr size_t kMaxAbortTextBytes = 4 << 10;
 
+// The bytes of a Frame's encoding that come before its payload: the header,
+// and the payload's tag and length.
+std::string encode_frame_prefix(const FrameHeader& header, size_t payload_bytes);
+
+// A slice that points at `payload` where it lies; gRPC runs `release` once it
+// drops the slice.
+grpc::Slice borrowed_slice(ByteView payload, std::function<void()> release);
+
 // A Frame message (protos/torch_grpc_pg.proto) made of two slices: a small one
 // holding the protobuf encoding of the header and of the payload's length
 // prefix, and one that points at the payload where it lies. `release` runs

@@ -9,6 +9,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <signal.h>
+#include <sys/ptrace.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <future>
@@ -319,6 +326,59 @@ TEST(SharedRing, ReceiverRefusesFilesThatAreNotSealedMemoryFiles) {
   Fd write_end(ends[1]);
   offer.fd = read_end.get();
   EXPECT_THROW(tgpg::ReceiveRing::attach(offer, kSlotBytes), std::runtime_error) << "a pipe";
+}
+
+// A peer that cuts its file between the receiver's checks: the file is of the
+// right size and unsealed when offered, and is shrunk and sealed just as the
+// receiver asks for its seals. A receiver that had checked the size before the
+// seals passes both checks and maps a file that ends early, to die of SIGBUS
+// reading it. The receiver runs in a child process that this test traces, so
+// the cut lands exactly at that moment on every run.
+TEST(SharedRing, AFileCutAsItsSealsAreCheckedIsNeverMapped) {
+  const size_t bytes = tgpg::ring_file_bytes(kSlots, kSlotBytes);
+  const std::string token(32, '\x6b');
+  Fd file(::memfd_create("torch_grpc_pg-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  ASSERT_EQ(::ftruncate(file.get(), static_cast<off_t>(bytes)), 0);
+  // A genuine header: only the cut may give the file away.
+  const uint64_t magic = 0x31676e6972677074;  // "tpgring1"
+  ASSERT_EQ(::pwrite(file.get(), &magic, sizeof(magic), 0), static_cast<ssize_t>(sizeof(magic)));
+  ASSERT_EQ(::pwrite(file.get(), token.data(), token.size(), 8), static_cast<ssize_t>(token.size()));
+
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::ptrace(PTRACE_TRACEME, 0, nullptr, nullptr);
+    ::raise(SIGSTOP);
+    const tgpg::RingOffer offer{static_cast<uint32_t>(::getpid()), file.get(), kSlots, kSlotBytes, token};
+    try {
+      tgpg::ReceiveRing::attach(offer, kSlotBytes);
+      ::_exit(0);  // mapped
+    } catch (const std::exception&) {
+      ::_exit(1);  // refused
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSTOPPED(status));
+  ASSERT_EQ(::ptrace(PTRACE_SETOPTIONS, child, nullptr, PTRACE_O_TRACESYSGOOD | PTRACE_O_EXITKILL), 0);
+  bool cut = false;
+  for (;;) {
+    ASSERT_EQ(::ptrace(PTRACE_SYSCALL, child, nullptr, nullptr), 0);
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    if (WIFEXITED(status) || WIFSIGNALED(status)) break;
+    if (!WIFSTOPPED(status) || WSTOPSIG(status) != (SIGTRAP | 0x80)) continue;
+    __ptrace_syscall_info info = {};
+    ASSERT_GT(::ptrace(PTRACE_GET_SYSCALL_INFO, child, sizeof(info), &info), 0);
+    if (!cut && info.op == PTRACE_SYSCALL_INFO_ENTRY && info.entry.nr == SYS_fcntl &&
+        info.entry.args[1] == F_GET_SEALS) {
+      ASSERT_EQ(::ftruncate(file.get(), 4096), 0);
+      ASSERT_EQ(::fcntl(file.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+      cut = true;
+    }
+  }
+  EXPECT_TRUE(cut) << "the receiver never asked for the file's seals";
+  ASSERT_TRUE(WIFEXITED(status)) << "the receiver died of signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 1) << "the receiver mapped a file cut to 4096 of its " << bytes << " bytes";
 }
 
 TEST(SharedRing, FileBytesBoundTheShape) {

@@ -1,5 +1,5 @@
 // dial_unix_socket: which failures a rank retries while its peer's server
-// starts, and which links connect their own socket at all.
+// starts.
 
 #include <gtest/gtest.h>
 #include <sys/socket.h>
@@ -38,17 +38,6 @@ tgpg::TransportConfig plain_config() {
   tgpg::TransportConfig config;
   config.max_payload_bytes = 2 << 20;
   return config;
-}
-
-TEST(UnixChannel, OnlySameHostLinksWithoutTlsDialTheirOwnSocket) {
-  tgpg::TransportConfig config = plain_config();
-  EXPECT_TRUE(tgpg::dials_own_unix_socket("unix:/tmp/x.sock", config));
-  EXPECT_FALSE(tgpg::dials_own_unix_socket("127.0.0.1:1234", config));
-  config.tls_cert_file = "cert.pem";
-  EXPECT_FALSE(tgpg::dials_own_unix_socket("unix:/tmp/x.sock", config));
-  config = plain_config();
-  config.tls_ca_file = "ca.pem";
-  EXPECT_FALSE(tgpg::dials_own_unix_socket("unix:/tmp/x.sock", config));
 }
 
 TEST(UnixChannel, AMissingSocketIsRetriedWithTheReason) {

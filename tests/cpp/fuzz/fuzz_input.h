@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace tgpg_fuzz {
@@ -36,6 +37,18 @@ inline bool to_message(const uint8_t* data, size_t size, grpc::ByteBuffer* out) 
   pieces.emplace_back(message + at, length - at);
   *out = grpc::ByteBuffer(pieces.data(), pieces.size());
   return true;
+}
+
+// The link key of the sealed seeds and of the target that opens them.
+inline const std::string kSeedKey(32, '\x5c');
+
+// The message's bytes in one piece.
+inline std::string flatten(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  (void)buffer.Dump(&slices);
+  std::string out;
+  for (const auto& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return out;
 }
 
 // protobuf logs an error for every string field with invalid UTF-8 that it

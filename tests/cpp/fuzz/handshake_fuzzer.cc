@@ -1,10 +1,11 @@
-// libFuzzer target: decode_handshake on arbitrary messages cut into arbitrary
-// slices, expecting whichever step the control byte names. These messages
-// arrive before a peer has proved anything, so refusing them must be safe.
+// libFuzzer target: decode_hello and decode_welcome on arbitrary bytes, as
+// they come in a call's metadata before a peer has proved anything, so
+// refusing them must be safe. The control byte picks the message.
 
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 
 #include "fuzz_input.h"
 #include "transport/handshake.h"
@@ -17,13 +18,18 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   grpc::ByteBuffer buffer;
   if (!tgpg_fuzz::to_message(data, size, &buffer)) return 0;
-  const auto expected = static_cast<tgpg::HandshakeStep>((data[0] >> 2) & 3);
+  const std::string bytes = tgpg_fuzz::flatten(buffer);
   try {
-    const torch_grpc_pg::Frame message = tgpg::decode_handshake(buffer, expected);
-    // What was accepted must be the step asked for and nothing else.
-    const int steps = int{message.has_hello()} + int{message.has_challenge()} + int{message.has_proof()} +
-                      int{message.has_welcome()};
-    if (steps != 1 || message.has_header() || !message.payload().empty()) __builtin_trap();
+    if ((data[0] >> 2) & 1) {
+      (void)tgpg::decode_welcome(bytes);
+    } else {
+      const tgpg::ReceivedHello hello = tgpg::decode_hello(bytes);
+      // What was accepted names a known link kind and protection only.
+      if (static_cast<uint32_t>(hello.transcript.link) > 1 || static_cast<uint32_t>(hello.transcript.protection) > 2) {
+        __builtin_trap();
+      }
+    }
+    if (bytes.size() > tgpg::kMaxHandshakeBytes) __builtin_trap();
   } catch (const std::runtime_error&) {
   }
   return 0;

@@ -1,7 +1,7 @@
 // Writes the seed corpora of the fuzz targets: well-formed frames and
 // handshake messages, whole and cut into slices, so that the fuzzer starts
 // from inputs that get past the first checks.
-//   make_seeds FRAME_DIR HANDSHAKE_DIR
+//   make_seeds FRAME_DIR HANDSHAKE_DIR SEALED_DIR
 
 #include <cstdio>
 #include <cstdlib>
@@ -11,18 +11,13 @@
 
 #include "fuzz_input.h"
 #include "torch_grpc_pg.pb.h"
+#include "transport/frame_protection.h"
 #include "transport/handshake.h"
 #include "transport/wire_format.h"
 
 namespace {
 
-std::string flatten(const grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  (void)buffer.Dump(&slices);
-  std::string out;
-  for (const auto& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  return out;
-}
+using tgpg_fuzz::flatten;
 
 int written = 0;
 
@@ -68,34 +63,48 @@ void frame_seeds(const std::string& dir) {
 }
 
 void handshake_seeds(const std::string& dir) {
-  torch_grpc_pg::Frame hello;
-  hello.mutable_hello()->set_protocol_version(2);
-  hello.mutable_hello()->set_group_key("0:default_pg");
-  hello.mutable_hello()->set_src_rank(1);
-  hello.mutable_hello()->set_world_size(2);
-  hello.mutable_hello()->set_nonce(std::string(32, '\x11'));
-  torch_grpc_pg::Frame challenge;
-  challenge.mutable_challenge()->set_nonce(std::string(32, '\x22'));
-  challenge.mutable_challenge()->set_proof(std::string(32, '\x33'));
-  torch_grpc_pg::Frame proof;
-  proof.mutable_proof()->set_proof(std::string(32, '\x44'));
-  torch_grpc_pg::Frame welcome;
-  welcome.mutable_welcome()->set_error("refused: wrong token");
-  // The control bits name the step the target expects (HandshakeStep order).
-  write_cuts(dir, hello.SerializeAsString(), 0);
-  write_cuts(dir, challenge.SerializeAsString(), 1);
-  write_cuts(dir, proof.SerializeAsString(), 2);
-  write_cuts(dir, welcome.SerializeAsString(), 3);
+  tgpg::Transcript t;
+  t.protocol_version = 7;
+  t.group_key = "default_pg#0123456789abcdef";
+  t.src_rank = 1;
+  t.dst_rank = 0;
+  t.world_size = 2;
+  t.settings = "chunk_bytes=2097152 direct_max_bytes=65536";
+  t.link = tgpg::LinkKind::Tcp;
+  t.protection = tgpg::Protection::Aead;
+  t.caller_nonce = std::string(32, '\x11');
+  // The control bits name the message the target decodes: 0 a Hello, 1 a Welcome.
+  write_cuts(dir, tgpg::encode_hello(t, std::string(32, '\x33')), 0);
+  write_cuts(dir, tgpg::encode_welcome(std::string(32, '\x22'), std::string(32, '\x44')), 1);
+}
+
+// Sealed and signed messages under the open_frame_fuzzer's key, each the first
+// of its link (the opener's count starts at 0): bit 2 of the control byte says
+// which protection.
+void sealed_seeds(const std::string& dir) {
+  tgpg::FrameHeader h;
+  h.seq = 1;
+  h.op = 1;
+  h.dtype = 1;
+  h.count = 16;
+  const std::string payload(64, '\x3f');
+  const tgpg::ByteView view{reinterpret_cast<const std::byte*>(payload.data()), payload.size()};
+  for (const auto protection : {tgpg::Protection::Aead, tgpg::Protection::Mac}) {
+    tgpg::FrameSealer sealer(protection, tgpg_fuzz::kSeedKey);
+    const int bits = protection == tgpg::Protection::Mac ? 1 : 0;
+    write_cuts(dir, flatten(sealer.seal(tgpg::encode_frame_prefix(h, payload.size()), view, nullptr)), bits);
+  }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: %s FRAME_DIR HANDSHAKE_DIR\n", argv[0]);
+  if (argc != 4) {
+    std::fprintf(stderr, "usage: %s FRAME_DIR HANDSHAKE_DIR SEALED_DIR\n", argv[0]);
     return 2;
   }
   frame_seeds(argv[1]);
   handshake_seeds(argv[2]);
+  sealed_seeds(argv[3]);
   return 0;
 }
