@@ -20,22 +20,8 @@ bool authenticated(const TransportConfig& config) {
 
 }  // namespace
 
-namespace {
-
-// The settings every rank of a group must share, as its handshakes check them:
-// the group's own, and whether the ranks speak TLS. Links on one host carry no
-// TLS, so without this a rank that lacks the TLS settings would join its
-// neighbours and fail only on its first link to another host.
-TransportConfig with_shared_settings(TransportConfig config) {
-  config.group_settings += std::string(config.group_settings.empty() ? "" : " ") +
-                           "tls=" + (config.tls_enabled() ? "on" : "off");
-  return config;
-}
-
-}  // namespace
-
 GrpcMessenger::GrpcMessenger(const TransportConfig& config, std::string group_key, int rank, int world)
-    : config_(with_shared_settings(config)),
+    : config_(config),
       group_key_(std::move(group_key)),
       rank_(rank),
       world_(world),
@@ -65,7 +51,7 @@ GrpcMessenger::GrpcMessenger(const TransportConfig& config, std::string group_ke
     }
     for (const auto& listener : listeners) listener(reason);
   });
-  server_->register_group(group_key_, rank_, world_, config.max_payload_bytes, config_.group_settings, mailbox_,
+  server_->register_group(group_key_, rank_, world_, config.max_payload_bytes, config.shared_settings(), mailbox_,
                           monitor_);
 }
 

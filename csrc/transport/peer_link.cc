@@ -216,8 +216,13 @@ class PeerLink::Stream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
       report = phase_ == Phase::Open && !closing_;
     }
     if (report && on_failure_) {
-      on_failure_("the connection from " + description_ + " broke: " +
-                  (status.ok() ? std::string("the peer closed it") : status.error_message()));
+      try {
+        on_failure_("the connection from " + description_ + " broke: " +
+                    (status.ok() ? std::string("the peer closed it") : status.error_message()));
+      } catch (const std::exception& e) {
+        // No exception may leave a gRPC callback; the group's own waits still end at its timeout.
+        log_warning("could not report that the connection from " + description_ + " broke: " + e.what());
+      }
     }
     std::lock_guard<std::mutex> lock(mutex_);
     done_ = true;
@@ -358,7 +363,7 @@ PeerLink::PeerLink(const std::string& target, const LinkIdentity& identity, cons
                                   static_cast<uint32_t>(identity.src_rank),
                                   static_cast<uint32_t>(identity.dst_rank),
                                   static_cast<uint32_t>(identity.world_size),
-                                  config.group_settings,
+                                  config.shared_settings(),
                                   kind,
                                   protection,
                                   random_nonce()};

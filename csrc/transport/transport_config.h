@@ -30,6 +30,14 @@ struct TransportConfig {
   bool encrypt = true;                // with a token, encrypt frames on TCP links (else authenticate only)
 
   bool tls_enabled() const { return !tls_cert_file.empty() || !tls_ca_file.empty(); }
+
+  // What every rank of a group must share, as its handshakes check it: the
+  // group's own settings, and whether the ranks speak TLS. Links on one host
+  // carry no TLS, so without this a rank that lacks the TLS settings would
+  // join its neighbours and fail only on its first link to another host.
+  std::string shared_settings() const {
+    return group_settings + (group_settings.empty() ? "" : " ") + "tls=" + (tls_enabled() ? "on" : "off");
+  }
 };
 
 }  // namespace tgpg
