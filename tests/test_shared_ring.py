@@ -29,6 +29,7 @@ import torch.distributed as dist
 from dist_harness import (
     RankContext,
     backend_under_test,
+    init_default_group,
     init_groups,
     run_ranks,
     store_barrier,
@@ -582,3 +583,55 @@ def test_a_ring_used_out_of_turn_is_refused(
     assert attacker["code"] == "INVALID_ARGUMENT", attacker
     assert not rank0["mapped_after"], rank0
     assert all(r.value["default_group_exact"] for r in results)
+
+
+# --------------------------------------------------------------------------- out of threads
+
+# The pids controller of cgroup v1, where this machine mounts it (root only).
+PIDS_CGROUP = "/sys/fs/cgroup/pids"
+
+
+def _out_of_threads(ctx: RankContext, cgroup: str) -> dict[str, Any]:
+    """Rank 0 is put in a cgroup that lets it start no more threads (as a container's pids
+    limit would), before its first frame arrives; rank 1 then sends it a chunk, whose ring
+    needs a reader thread on rank 0."""
+    init_default_group(ctx)
+    if ctx.rank == 0:
+        os.makedirs(cgroup)
+        with open(f"{cgroup}/cgroup.procs", "w") as procs:
+            procs.write(str(os.getpid()))
+        with open(f"{cgroup}/pids.current") as current:
+            count = current.read().strip()
+        with open(f"{cgroup}/pids.max", "w") as limit:
+            limit.write(count)
+    store_barrier(ctx.store(), ctx.world_size, "limited")
+    try:
+        dist.all_reduce(torch.ones(NUMEL))
+        outcome = "completed"
+    except RuntimeError as exc:
+        outcome = str(exc)
+    if ctx.rank == 0:
+        with open(f"{PIDS_CGROUP}/cgroup.procs", "w") as procs:
+            procs.write(str(os.getpid()))  # back to the root cgroup, to be removed
+        os.rmdir(cgroup)
+    return {"outcome": outcome}
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not os.access(PIDS_CGROUP, os.W_OK),
+    reason="needs root and cgroup v1's pids controller at " + PIDS_CGROUP,
+)
+def test_a_rank_that_cannot_start_a_ring_reader_fails_its_group_with_the_reason() -> (
+    None
+):
+    cgroup = f"{PIDS_CGROUP}/torch-grpc-pg-test-{os.getpid()}"
+    results = run_ranks(_out_of_threads, 2, cgroup)
+    # Rank 0's process lives on to raise; each rank names the thread it could not start.
+    for res in results:
+        outcome = res.value["outcome"]
+        assert (
+            "could not start the thread that reads rank 1's shared ring" in outcome
+        ), (
+            res.rank,
+            outcome,
+        )

@@ -407,9 +407,14 @@ RingWriter* PeerLink::ring_writer(const FrameHeader& header) {
   // group needs no ring for its abort.
   if (ring_writer_ || !ring_possible_ || header.kind == FrameKind::Abort) return ring_writer_.get();
   ring_possible_ = false;  // one try per link
-  std::unique_ptr<SendRing> ring;
+  // The writer (and its thread) first: a link that cannot have one offers no
+  // ring, and goes on through the socket.
+  std::unique_ptr<RingWriter> writer;
+  RingOffer offer;
   try {
-    ring = std::make_unique<SendRing>(ring_slots_, ring_slot_bytes_);
+    auto ring = std::make_unique<SendRing>(ring_slots_, ring_slot_bytes_);
+    offer = ring->offer();
+    writer = std::make_unique<RingWriter>(std::move(ring), *stream_, count_sent_);
   } catch (const std::exception& e) {
     log_warning("could not make a shared-memory ring for " + description_ + " (" + e.what() +
                 "); chunks to that peer go through the socket, which is slower. Set "
@@ -418,8 +423,8 @@ RingWriter* PeerLink::ring_writer(const FrameHeader& header) {
   }
   // The peer maps the ring when it reads this; until then the writer finds it
   // unmapped and sends payloads inline.
-  if (!stream_->write(encode_ring_offer(ring->offer()))) return nullptr;
-  ring_writer_ = std::make_unique<RingWriter>(std::move(ring), *stream_, count_sent_);
+  if (!stream_->write(encode_ring_offer(offer))) return nullptr;
+  ring_writer_ = std::move(writer);
   return ring_writer_.get();
 }
 
