@@ -131,9 +131,11 @@ def generate_python() -> None:
 
 
 def torch_free_sources() -> list[Path]:
-    return sorted((CSRC / "algorithms").glob("*.cc")) + sorted(
-        (CSRC / "transport").glob("*.cc")
-    )
+    return [
+        source
+        for part in ("algorithms", "same_host", "transport")
+        for source in sorted((CSRC / part).glob("*.cc"))
+    ]
 
 
 class BuildWithTransport(BuildExtension):

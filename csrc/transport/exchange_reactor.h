@@ -16,7 +16,7 @@
 #include "transport/mailbox.h"
 #include "transport/rank_server.h"
 #include "transport/ring_reader.h"
-#include "transport/shared_ring.h"
+#include "same_host/shared_ring.h"
 
 namespace tgpg {
 

@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "transport/mailbox.h"
-#include "transport/shared_ring.h"
+#include "same_host/shared_ring.h"
 
 namespace tgpg {
 

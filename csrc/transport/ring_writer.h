@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "algorithms/frame.h"
-#include "transport/shared_ring.h"
+#include "same_host/shared_ring.h"
 
 namespace tgpg {
 

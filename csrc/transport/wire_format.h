@@ -8,7 +8,7 @@
 #include <string>
 
 #include "algorithms/frame.h"
-#include "transport/shared_ring.h"
+#include "same_host/shared_ring.h"
 
 namespace tgpg {
 

@@ -15,7 +15,7 @@
 #include "algorithms/collective_error.h"
 #include "transport/mailbox.h"
 #include "transport/ring_reader.h"
-#include "transport/shared_ring.h"
+#include "same_host/shared_ring.h"
 #include "transport/wire_format.h"
 
 namespace tgpg_test {

@@ -26,7 +26,7 @@
 #include <thread>
 #include <vector>
 
-#include "transport/shared_ring.h"
+#include "same_host/shared_ring.h"
 
 namespace tgpg_test {
 namespace {

@@ -1,37 +1,26 @@
-#include "transport/shared_ring.h"
-
-#include <fcntl.h>
-#include <linux/futex.h>
-#include <sys/mman.h>
-#include <sys/random.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "same_host/shared_ring.h"
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
-#include <climits>
 #include <cstring>
-#include <ctime>
 #include <new>
 #include <optional>
 #include <stdexcept>
 #include <utility>
+
+#include "same_host/futex.h"
+#include "same_host/shared_file.h"
 
 namespace tgpg {
 namespace {
 
 constexpr uint64_t kRingMagic = 0x31676e6972677074;  // "tpgring1", little-endian
 constexpr size_t kPageBytes = 4096;
-constexpr size_t kTokenBytes = 32;
+constexpr size_t kTokenBytes = kSharedFileTokenBytes;
 constexpr char kMemfdName[] = "torch_grpc_pg-ring";
 // Where futex_waitv is refused, the longest a reader sleeps before it looks
 // again for a stop or an end it may have missed.
 constexpr std::chrono::milliseconds kMissedWakeBound{50};
-
-static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
-              "two processes share the ring's atomics, which only lock-free atomics allow");
 
 // At the start of the file.
 struct RingHeader {
@@ -68,142 +57,21 @@ size_t records_offset(uint32_t slots) { return states_offset() + slots * sizeof(
 size_t data_offset(uint32_t slots) { return round_up(records_offset(slots) + kRingRecords * kRecordBytes, kPageBytes); }
 size_t slot_stride(uint64_t slot_bytes) { return round_up(slot_bytes, kPageBytes); }
 
-std::string system_error(const std::string& what) { return what + ": " + std::strerror(errno); }
-
-timespec to_timespec(std::chrono::milliseconds span) {
-  const auto ms = span.count();
-  return {static_cast<time_t>(ms / 1000), static_cast<long>(ms % 1000) * 1000000L};
-}
-
-// Shared futexes (no FUTEX_PRIVATE_FLAG): the word lies in a file that two
-// processes map, and the kernel matches waiter and waker by the file's page.
-// std::atomic<uint32_t> is a plain 32-bit word (static_assert above), which is
-// what a futex is.
-void futex_wait(std::atomic<uint32_t>& word, uint32_t expected, std::optional<std::chrono::milliseconds> at_most) {
-  const std::optional<timespec> timeout = at_most ? std::optional(to_timespec(*at_most)) : std::nullopt;
-  // EAGAIN (the word moved on), EINTR and ETIMEDOUT all mean: look again.
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT, expected, timeout ? &*timeout : nullptr,
-            nullptr, 0);
-}
-
-// `wake` is FUTEX_WAKE for a word in a ring's file, FUTEX_WAKE_PRIVATE for one
-// that only this process sees.
-void futex_wake_all(std::atomic<uint32_t>& word, int wake = FUTEX_WAKE) {
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), wake, INT_MAX, nullptr, nullptr, 0);
-}
-
-// futex_waitv (Linux 5.16) as the kernel's ABI defines it, spelled out here
-// rather than taken from <linux/futex.h>, so that the build needs no headers of
-// 5.16 or later (manylinux_2_28, RHEL 8 and Ubuntu 20.04 ship older ones); a
-// kernel that lacks the call refuses it at run time, and readers fall back.
-struct FutexWaiter {
-  uint64_t val;
-  uint64_t uaddr;
-  uint32_t flags;
-  uint32_t reserved;
-};
-static_assert(sizeof(FutexWaiter) == 24, "struct futex_waitv is 24 bytes");
-constexpr long kSysFutexWaitv = 449;  // one number on every architecture (asm-generic)
-constexpr uint32_t kFutexSize32 = 0x02;  // FUTEX2_SIZE_U32
-
-// Set once the kernel (before Linux 5.16) or a seccomp filter has refused
-// futex_waitv; the process then sleeps on one word at a time.
-std::atomic<bool> futex_waitv_refused{false};
-
-// Sleeps until `shared` (a word in a ring's file) leaves `shared_seen` or
-// `local` (a word of this process) leaves `local_seen`, or the deadline on
-// CLOCK_MONOTONIC passes (none: no deadline). False where futex_waitv is
-// refused; the caller then sleeps some other way.
-bool futex_wait_either(std::atomic<uint32_t>& shared, uint32_t shared_seen, std::atomic<uint32_t>& local,
-                       uint32_t local_seen, const timespec* deadline) {
-  if (futex_waitv_refused.load(std::memory_order_relaxed)) return false;
-  FutexWaiter waiters[2] = {};
-  waiters[0].uaddr = reinterpret_cast<uintptr_t>(&shared);
-  waiters[0].val = shared_seen;
-  waiters[0].flags = kFutexSize32;
-  waiters[1].uaddr = reinterpret_cast<uintptr_t>(&local);
-  waiters[1].val = local_seen;
-  waiters[1].flags = kFutexSize32 | FUTEX_PRIVATE_FLAG;
-  if (::syscall(kSysFutexWaitv, waiters, 2, 0, deadline, CLOCK_MONOTONIC) >= 0) return true;
-  // EAGAIN (a word moved on), EINTR and ETIMEDOUT all mean: look again. Any
-  // other answer would come back at once on every call: a reader that kept
-  // asking would spin.
-  if (errno == EAGAIN || errno == EINTR || errno == ETIMEDOUT) return true;
-  futex_waitv_refused.store(true, std::memory_order_relaxed);
-  return false;
-}
-
-timespec monotonic_deadline(std::chrono::milliseconds after) {
-  timespec now{};
-  ::clock_gettime(CLOCK_MONOTONIC, &now);
-  const timespec span = to_timespec(after);
-  timespec deadline{now.tv_sec + span.tv_sec, now.tv_nsec + span.tv_nsec};
-  if (deadline.tv_nsec >= 1000000000L) {
-    deadline.tv_sec += 1;
-    deadline.tv_nsec -= 1000000000L;
-  }
-  return deadline;
-}
-
-// The two hand-shakes of the file, slots and records given back (the sender
-// sleeps on `released`) and records appended (the receiver sleeps on
-// `published`), are one protocol: the sleeper raises its `waiting` flag, looks
-// at the word once more, and sleeps only if it still holds `seen`; the other
-// side moves the word on, then wakes only if the flag is up. seq_cst on both
-// sides: either the sleeper sees the word move before it sleeps, or the other
-// side sees the flag and wakes it. A move between the look and the sleep makes
-// the futex return at once.
-void sleep_while_unmoved(std::atomic<uint32_t>& word, uint32_t seen, std::atomic<uint32_t>& waiting,
-                         std::optional<std::chrono::milliseconds> at_most) {
-  waiting.store(1, std::memory_order_seq_cst);
-  if (word.load(std::memory_order_seq_cst) == seen) futex_wait(word, seen, at_most);
-  waiting.store(0, std::memory_order_relaxed);
-}
-
-// The other side of sleep_while_unmoved, once `word` has moved on (seq_cst).
-void wake_if_waiting(std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiting) {
-  if (waiting.load(std::memory_order_seq_cst) != 0) futex_wake_all(word);
-}
-
-// Not a secret: it tells the receiver that the file it opened is the one offered.
-std::string random_token() {
-  std::string token(kTokenBytes, '\0');
-  size_t filled = 0;
-  while (filled < token.size()) {
-    const ssize_t got = ::getrandom(token.data() + filled, token.size() - filled, 0);
-    if (got < 0 && errno != EINTR) throw std::runtime_error(system_error("getrandom"));
-    if (got > 0) filled += static_cast<size_t>(got);
-  }
-  return token;
-}
-
 }  // namespace
 
 struct RingMapping {
-  int fd = -1;
-  std::byte* base = nullptr;
-  size_t bytes = 0;
+  SharedFile file;
   uint32_t slots = 0;
   uint64_t slot_bytes = 0;
 
-  RingMapping(uint32_t slot_count, uint64_t bytes_per_slot)
-      : bytes(ring_file_bytes(slot_count, bytes_per_slot)), slots(slot_count), slot_bytes(bytes_per_slot) {}
-  ~RingMapping() {
-    if (base != nullptr) ::munmap(base, bytes);
-    if (fd >= 0) ::close(fd);
-  }
-  RingMapping(const RingMapping&) = delete;
-  RingMapping& operator=(const RingMapping&) = delete;
+  RingMapping(SharedFile mapped, uint32_t slot_count, uint64_t bytes_per_slot)
+      : file(std::move(mapped)), slots(slot_count), slot_bytes(bytes_per_slot) {}
 
-  void map() {
-    void* mapped = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (mapped == MAP_FAILED) throw std::runtime_error(system_error("mmap"));
-    base = static_cast<std::byte*>(mapped);
-  }
-  RingHeader& header() { return *reinterpret_cast<RingHeader*>(base); }
-  SlotState& state(uint32_t index) { return reinterpret_cast<SlotState*>(base + states_offset())[index]; }
-  Record& record(uint32_t count) { return reinterpret_cast<Record*>(base + records_offset(slots))[count % kRingRecords]; }
-  std::byte* slot(uint32_t index) { return base + data_offset(slots) + index * slot_stride(slot_bytes); }
+  std::byte* base() { return file.base(); }
+  RingHeader& header() { return *reinterpret_cast<RingHeader*>(base()); }
+  SlotState& state(uint32_t index) { return reinterpret_cast<SlotState*>(base() + states_offset())[index]; }
+  Record& record(uint32_t count) { return reinterpret_cast<Record*>(base() + records_offset(slots))[count % kRingRecords]; }
+  std::byte* slot(uint32_t index) { return base() + data_offset(slots) + index * slot_stride(slot_bytes); }
 };
 
 size_t ring_file_bytes(uint32_t slots, uint64_t slot_bytes) {
@@ -211,34 +79,36 @@ size_t ring_file_bytes(uint32_t slots, uint64_t slot_bytes) {
   return data_offset(slots) + slots * slot_stride(slot_bytes);
 }
 
-SendRing::SendRing(uint32_t slots, uint64_t slot_bytes)
-    : mapping_(std::make_unique<RingMapping>(slots, slot_bytes)), token_(random_token()) {
-  RingMapping& m = *mapping_;
-  if (m.bytes == 0) {
+namespace {
+
+std::unique_ptr<RingMapping> make_ring(uint32_t slots, uint64_t slot_bytes) {
+  const size_t bytes = ring_file_bytes(slots, slot_bytes);
+  if (bytes == 0) {
     throw std::runtime_error("a ring of " + std::to_string(slots) + " slots of " + std::to_string(slot_bytes) +
                              " bytes is out of bounds");
   }
-  m.fd = ::memfd_create(kMemfdName, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (m.fd < 0) throw std::runtime_error(system_error("memfd_create"));
-  if (::ftruncate(m.fd, static_cast<off_t>(m.bytes)) != 0) throw std::runtime_error(system_error("ftruncate"));
-  // A file shrunk under the receiver's mapping would kill it with SIGBUS at
-  // its next read; sealed, the size is fixed for good.
-  if (::fcntl(m.fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    throw std::runtime_error(system_error("sealing the ring's memory file"));
-  }
-  m.map();
+  auto m = std::make_unique<RingMapping>(SharedFile::create(kMemfdName, bytes, kRingMagic), slots, slot_bytes);
   // The file starts zeroed, which is every atomic's initial value; placement
-  // new only begins the objects' lifetimes in the mapping.
-  RingHeader* header = new (m.base) RingHeader{};
+  // new only begins the objects' lifetimes in the mapping (and zeroes the
+  // prologue again, which is written back below).
+  const SharedFileOffer offer = m->file.offer();
+  RingHeader* header = new (m->base()) RingHeader{};
   header->magic = kRingMagic;
-  std::memcpy(header->token, token_.data(), kTokenBytes);
-  for (uint32_t i = 0; i < m.slots; ++i) new (&m.state(i)) SlotState{};
+  std::memcpy(header->token, offer.token.data(), kTokenBytes);
+  for (uint32_t i = 0; i < m->slots; ++i) new (&m->state(i)) SlotState{};
+  return m;
 }
+
+}  // namespace
+
+SendRing::SendRing(uint32_t slots, uint64_t slot_bytes)
+    : mapping_(make_ring(slots, slot_bytes)) {}
 
 SendRing::~SendRing() = default;
 
 RingOffer SendRing::offer() const {
-  return RingOffer{static_cast<uint32_t>(::getpid()), mapping_->fd, mapping_->slots, mapping_->slot_bytes, token_};
+  const SharedFileOffer file = mapping_->file.offer();
+  return RingOffer{file.pid, file.fd, mapping_->slots, mapping_->slot_bytes, file.token};
 }
 
 bool SendRing::attached() const {
@@ -316,46 +186,14 @@ std::shared_ptr<ReceiveRing> ReceiveRing::attach(const RingOffer& offer, uint64_
     throw std::runtime_error("its slots hold " + std::to_string(offer.slot_bytes) + " bytes, not the group's " +
                              std::to_string(expected_slot_bytes) + " (chunk_bytes)");
   }
-  auto m = std::make_unique<RingMapping>(offer.slots, offer.slot_bytes);
-  if (m->bytes == 0) {
+  const size_t bytes = ring_file_bytes(offer.slots, offer.slot_bytes);
+  if (bytes == 0) {
     throw std::runtime_error("it has " + std::to_string(offer.slots) + " slots, where 1 to " +
                              std::to_string(kMaxRingSlots) + " are allowed");
   }
-  if (offer.pid == 0 || offer.fd < 0 || offer.token.size() != kTokenBytes) {
-    throw std::runtime_error("it names no process, no file or no token");
-  }
-  const std::string path = "/proc/" + std::to_string(offer.pid) + "/fd/" + std::to_string(offer.fd);
-  // Only a memory file, so that a forged offer cannot make this process open
-  // a device or a pipe of the peer's. The peer could swap the descriptor after
-  // this check, but a peer that authenticated can send any data anyway; the
-  // checks on the opened file below are what keep this process safe.
-  char target[64] = {};
-  const ssize_t length = ::readlink(path.c_str(), target, sizeof(target) - 1);
-  if (length < 0) throw std::runtime_error(system_error("reading " + path));
-  if (std::strncmp(target, "/memfd:", 7) != 0) {
-    throw std::runtime_error(path + " is not a memory file");
-  }
-  m->fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-  if (m->fd < 0) throw std::runtime_error(system_error("opening " + path));
-  // The seals first: until they are set the peer could still cut the file
-  // after its size was checked, and a read past the new end kills this
-  // process with SIGBUS. Once sealed, the size checked below is the size for good.
-  const int seals = ::fcntl(m->fd, F_GET_SEALS);
-  if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
-    throw std::runtime_error("the file is not sealed against resizing");
-  }
-  struct stat info = {};
-  if (::fstat(m->fd, &info) != 0) throw std::runtime_error(system_error("fstat"));
-  if (!S_ISREG(info.st_mode) || static_cast<uint64_t>(info.st_size) != m->bytes) {
-    throw std::runtime_error("the file has " + std::to_string(info.st_size) + " bytes, not the " +
-                             std::to_string(m->bytes) + " its shape needs");
-  }
-  m->map();
-  // The mapping keeps the file; this process has no other use for the descriptor.
-  ::close(std::exchange(m->fd, -1));
-  if (m->header().magic != kRingMagic || std::memcmp(m->header().token, offer.token.data(), kTokenBytes) != 0) {
-    throw std::runtime_error("the file does not hold the offer's token");
-  }
+  auto m = std::make_unique<RingMapping>(
+      SharedFile::open(SharedFileOffer{offer.pid, offer.fd, offer.token}, bytes, kRingMagic), offer.slots,
+      offer.slot_bytes);
   auto ring = std::make_shared<ReceiveRing>(PrivateTag{}, std::move(m));
   ring->mapping_->header().attached.store(1, std::memory_order_release);
   return ring;
@@ -460,7 +298,7 @@ void ReceiveRing::wait_for_record(uint32_t wakes_seen, std::optional<std::chrono
 
 void ReceiveRing::wake_reader() {
   wakes_.fetch_add(1, std::memory_order_seq_cst);
-  futex_wake_all(wakes_, FUTEX_WAKE_PRIVATE);
+  futex_wake_all(wakes_, /*process_private=*/true);
   // A reader that sleeps on `published` alone (no futex_waitv).
   futex_wake_all(mapping_->header().published);
 }

@@ -117,7 +117,6 @@ class SendRing {
 
  private:
   std::unique_ptr<RingMapping> mapping_;
-  std::string token_;
   std::mutex mutex_;
   uint32_t next_ = 0;
   uint64_t seq_ = 0;
