@@ -92,7 +92,12 @@ check_compile() {
 	common=(-O0 -fPIC -Wall -Wno-unused-parameter "-D_GLIBCXX_USE_CXX11_ABI=$abi" "-I$ROOT/csrc")
 	# setup.py's two halves: torch-free sources against the system's gRPC and
 	# protobuf only, then the glue against torch with torch's standard.
-	for src in "$ROOT"/csrc/algorithms/*.cc "$ROOT"/csrc/transport/*.cc "$gen"/*.pb.cc; do
+	# Every folder of csrc/ but backend/ is torch-free, as setup.py reads it.
+	local torch_free=()
+	for src in "$ROOT"/csrc/*/*.cc; do
+		case $src in "$ROOT"/csrc/backend/*) ;; *) torch_free+=("$src") ;; esac
+	done
+	for src in "${torch_free[@]}" "$gen"/*.pb.cc; do
 		o=$shared/$(basename "$src").o
 		objects+=("$o")
 		if [ "$o" -nt "$src" ] && [ "$o" -nt "$newest_header" ]; then continue; fi
