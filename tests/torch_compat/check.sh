@@ -75,16 +75,18 @@ check_compile() {
 	log "C++ ABI $abi, -std=$std"
 
 	# The torch-free half depends on torch only through the ABI: one set of
-	# objects per ABI serves every release, rebuilt when a source is newer.
-	local shared=$WORK/../torch-free-abi$abi
+	# objects per ABI and per content of the sources serves every release.
+	# A hash, not file times: a checkout or a stash can leave an object newer
+	# than a source it no longer matches.
+	local sources_hash
+	sources_hash=$(cat "$ROOT"/csrc/*/*.h "$ROOT"/csrc/*/*.cc "$ROOT/protos/torch_grpc_pg.proto" | sha256sum | cut -c1-16)
+	local shared=$WORK/../torch-free-abi$abi-$sources_hash
 	local gen=$shared/generated
 	mkdir -p "$gen"
-	if [ "$ROOT/protos/torch_grpc_pg.proto" -nt "$gen/torch_grpc_pg.pb.cc" ]; then
+	if [ ! -e "$gen/torch_grpc_pg.pb.cc" ]; then
 		protoc -I"$ROOT/protos" --cpp_out="$gen" --grpc_out="$gen" \
 			--plugin=protoc-gen-grpc="$(command -v grpc_cpp_plugin)" "$ROOT/protos/torch_grpc_pg.proto"
 	fi
-	local newest_header
-	newest_header=$(ls -t "$ROOT"/csrc/*/*.h "$gen"/*.h | head -1)
 
 	local py_include common src o objects=()
 	py_include=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
@@ -100,10 +102,10 @@ check_compile() {
 	for src in "${torch_free[@]}" "$gen"/*.pb.cc; do
 		o=$shared/$(basename "$src").o
 		objects+=("$o")
-		if [ "$o" -nt "$src" ] && [ "$o" -nt "$newest_header" ]; then continue; fi
+		if [ -e "$o" ]; then continue; fi
 		log "compile ${src#"$ROOT"/}"
 		# shellcheck disable=SC2046  # pkg-config prints several flags
-		"$CXX" -std=c++17 "${common[@]}" "-I$gen" $(pkg-config --cflags grpc++ protobuf libcrypto) -c "$src" -o "$o"
+		"$CXX" -std=c++17 "${common[@]}" "-I$gen" $(pkg-config --cflags grpc++ protobuf libcrypto) -c "$src" -o "$o.partial" && mv "$o.partial" "$o"
 	done
 	for src in "$ROOT"/csrc/backend/*.cc; do
 		o=$obj/backend_$(basename "$src").o
