@@ -600,10 +600,11 @@ def _out_of_threads(ctx: RankContext, cgroup: str) -> dict[str, Any]:
         os.makedirs(cgroup)
         with open(f"{cgroup}/cgroup.procs", "w") as procs:
             procs.write(str(os.getpid()))
-        with open(f"{cgroup}/pids.current") as current:
-            count = current.read().strip()
+        # A limit below the process's count, not at it: gRPC's idle threads end on
+        # their own time, and each that ends would free a slot the ring reader's
+        # thread could take.
         with open(f"{cgroup}/pids.max", "w") as limit:
-            limit.write(count)
+            limit.write("1")
     store_barrier(ctx.store(), ctx.world_size, "limited")
     try:
         dist.all_reduce(torch.ones(NUMEL))
