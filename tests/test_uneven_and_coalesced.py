@@ -82,22 +82,26 @@ def _all_gather_uneven(ctx: RankContext, dtype: torch.dtype) -> None:
         assert_equal(outputs[r], _gathered_block(r, world, dtype), f"block of rank {r}")
 
 
-def _all_gather_coalesced(ctx: RankContext) -> None:
+def _all_gather_coalesced(ctx: RankContext, gloo: dist.ProcessGroup) -> None:
+    # torch's layout: one list per rank, each with one tensor per input.
     world = ctx.world_size
     sizes = (5, 0, 1237)
     mine = [
         make_input(seed_of("agc", i), ctx.rank, n, torch.float32)
         for i, n in enumerate(sizes)
     ]
-    outputs = [[torch.zeros(n) for _ in range(world)] for n in sizes]
+    outputs = [[torch.zeros(n) for n in sizes] for _ in range(world)]
     dist.all_gather_coalesced(outputs, mine)
-    for i, n in enumerate(sizes):
-        for r in range(world):
+    reference = [[torch.zeros(n) for n in sizes] for _ in range(world)]
+    dist.all_gather_coalesced(reference, mine, group=gloo)
+    for r in range(world):
+        for i, n in enumerate(sizes):
             assert_equal(
-                outputs[i][r],
+                outputs[r][i],
                 make_input(seed_of("agc", i), r, n, torch.float32),
                 f"tensor {i} of rank {r}",
             )
+            assert_equal(outputs[r][i], reference[r][i], "differs from gloo")
 
 
 def _reduce_scatter_coalesced(ctx: RankContext, gloo: dist.ProcessGroup) -> None:
@@ -157,7 +161,7 @@ def _rank_main(ctx: RankContext) -> dict[str, str | None]:
         cases[f"single {dtype}"] = lambda d=dtype: _all_to_all_single(ctx, gloo, d)
         cases[f"list {dtype}"] = lambda d=dtype: _all_to_all_list(ctx, d)
         cases[f"all_gather uneven {dtype}"] = lambda d=dtype: _all_gather_uneven(ctx, d)
-    cases["all_gather_coalesced"] = lambda: _all_gather_coalesced(ctx)
+    cases["all_gather_coalesced"] = lambda: _all_gather_coalesced(ctx, gloo)
     cases["reduce_scatter coalesced"] = lambda: _reduce_scatter_coalesced(ctx, gloo)
     cases["all_gather_into_tensor coalesced"] = lambda: (
         _all_gather_into_tensor_coalesced(ctx)
