@@ -17,6 +17,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allreduce(std::vector<at::Tenso
   TORCH_CHECK(tensors.size() == 1, where, ": expected one tensor, got ", tensors.size(),
               "; use all_reduce_coalesced for several.");
   const at::Tensor& tensor = tensors[0];
+  // torch routes sparse CPU tensors here, and sparse CUDA ones to allreduce_sparse.
+  if (tensor.layout() == at::kSparse) return allreduce_sparse(tensors, opts);
   check_output(tensor, where);
   const DType dtype = to_dtype(tensor.scalar_type(), where);
   const TorchReduction reduce_op = to_reduction(opts.reduceOp, dtype, where);
