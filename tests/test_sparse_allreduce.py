@@ -76,6 +76,17 @@ def _all_reduce(
     assert_equal(ours.to_dense(), dense_sum.to(dtype), "dense sum of every rank's")
 
 
+def _no_nonzeros_anywhere(ctx: RankContext, gloo: dist.ProcessGroup) -> None:
+    empty = torch.sparse_coo_tensor(
+        torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0, 4), (20, 4)
+    )
+    ours, theirs = empty.clone(), empty.clone()
+    dist.all_reduce(ours)
+    dist.all_reduce(theirs, group=gloo)
+    _assert_same_sparse(ours, theirs, "differs from gloo")
+    assert ours.coalesce()._nnz() == 0
+
+
 def _async_future(ctx: RankContext, gloo: dist.ProcessGroup) -> None:
     # DDP reads a sparse gradient's sum from the work's future.
     mine = _sparse_input(ctx.rank, "rows", torch.float32, "async")
@@ -172,6 +183,7 @@ def _rank_main(ctx: RankContext) -> dict[str, str | None]:
             cases[f"all_reduce {shape} {dtype}"] = lambda s=shape, d=dtype: _all_reduce(
                 ctx, gloo, s, d
             )
+    cases["no nonzeros"] = lambda: _no_nonzeros_anywhere(ctx, gloo)
     cases["async future"] = lambda: _async_future(ctx, gloo)
     if ctx.backend == "grpc":
         cases["refused"] = lambda: _refused(ctx)
@@ -193,6 +205,11 @@ def test_sparse_all_reduce_matches_gloo(
     world: int, shape: str, dtype: torch.dtype
 ) -> None:
     _report(world).assert_passed(f"all_reduce {shape} {dtype}")
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_sparse_all_reduce_of_tensors_without_nonzeros(world: int) -> None:
+    _report(world).assert_passed("no nonzeros")
 
 
 @pytest.mark.parametrize("world", WORLDS)
