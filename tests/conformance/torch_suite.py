@@ -2,7 +2,7 @@
 
 This module is what PyTorch's test/distributed/test_distributed_spawn.py is
 for gloo: pytest collects ``TestDistBackendWithSpawn<BACKEND>`` from it, and
-every test spawns WORLD_SIZE ranks that import this module again. The
+every test starts WORLD_SIZE ranks that run it from this module. The
 environment chooses the configuration, read by torch when it imports the
 suite: BACKEND (gloo or grpc), WORLD_SIZE, TEMP_DIR (holding ``barrier/``),
 and optionally INIT_METHOD. ``run.py`` beside it runs every configuration and
@@ -19,8 +19,9 @@ skip decorators read them at import:
   (or gloo, nccl, mpi) run, where grpc does what the test needs: ``UNGATED``
   lists each with the reason (gates.py). A few of them pick their CPU code
   path by the backend's name; their body sees the name gloo while its
-  collectives run over grpc (gates.BODY_READS_GLOO). ``run.py`` fails if one of them does not pass
-  under gloo, so the list cannot run a test that gloo itself does not.
+  collectives run over grpc (gates.BODY_READS_GLOO). ``run.py`` fails where
+  grpc runs one of them and gloo does not pass it, so the list cannot run a
+  test that gloo itself does not.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
 )
 
 # How ranks start. PyTorch spawns a fresh interpreter per rank and test,
-# which imports torch again: 5 to 15 s a test on 2 cores, most of the run.
+# which imports torch again: 5 to 18 s a test on 2 cores, most of the run.
 # A fork server that has imported this module once forks each rank instead
 # (gRPC is not initialised until a rank creates its group, so forking before
 # is safe). TORCH_SUITE_START_METHOD=spawn runs the ranks as PyTorch does.
