@@ -54,7 +54,7 @@ test: build cpp-test sanitize fuzz torch-compat-range
 
 # PyTorch's own distributed suite (DistributedTest._DistTestBase) under gloo and grpc at
 # worlds 2 and 3; fails when grpc does not pass a test that gloo passes (tests/conformance).
-# About 6 min on 2 cores; the last step of make test.
+# About 5 min on 2 cores; the last step of make test.
 CONFORMANCE_ARGS ?=
 conformance: build
 	$(PY) tests/conformance/run.py $(CONFORMANCE_ARGS)
