@@ -230,8 +230,16 @@ def _unsupported_input(ctx: RankContext, kind: str) -> tuple[Outcome | None, boo
                 opts.reduceOp = dist.ReduceOp.MAX
                 backend = dist.group.WORLD._get_backend(torch.device("cpu"))
                 backend.allreduce([torch.ones(4, dtype=torch.complex64)], opts).wait()
-            elif kind == "sparse":
-                dist.all_reduce(torch.ones(4).to_sparse())
+            elif kind == "sparse_max":
+                # Sparse tensors are summed, as with gloo; other ops are refused.
+                dist.all_reduce(torch.ones(4).to_sparse(), op=dist.ReduceOp.MAX)
+            elif kind == "sparse_broadcast":
+                # torch sends a sparse tensor to no backend but all_reduce's;
+                # ask the backend itself.
+                backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+                backend.broadcast(
+                    [torch.ones(4).to_sparse()], dist.BroadcastOptions()
+                ).wait()
             elif kind in EXPANDED_OUTPUT_CALLS:
                 # Four elements on one float of memory: the op cannot write its
                 # results into it (torch's copy_ would refuse after the op ran).
@@ -283,18 +291,25 @@ EXPANDED_OUTPUT_CALLS: dict[str, tuple[str, Callable[[torch.Tensor], object]]] =
 }
 
 
-@pytest.mark.parametrize("kind", ["complex_max", "sparse", *EXPANDED_OUTPUT_CALLS])
+@pytest.mark.parametrize(
+    "kind", ["complex_max", "sparse_max", "sparse_broadcast", *EXPANDED_OUTPUT_CALLS]
+)
 def test_unsupported_input_raises_at_the_call(kind: str) -> None:
     results = run_ranks(_unsupported_input, 2, kind, timeout_s=120)
     outcome, _ = results[0].value
     assert outcome is not None
-    op = (
-        EXPANDED_OUTPUT_CALLS[kind][0] if kind in EXPANDED_OUTPUT_CALLS else "allreduce"
-    )
+    if kind in EXPANDED_OUTPUT_CALLS:
+        op = EXPANDED_OUTPUT_CALLS[kind][0]
+    else:
+        op = "broadcast" if kind == "sparse_broadcast" else "allreduce"
     # Local validation: no waiting on a peer, which makes no call at all here.
     _assert_failed(outcome, op, [0], within_s=2.0)
     if kind in EXPANDED_OUTPUT_CALLS:
         assert "share memory" in outcome.message, outcome.message
+    if kind == "sparse_max":
+        assert "ReduceOp.SUM only" in outcome.message, outcome.message
+    if kind == "sparse_broadcast":
+        assert "sparse tensors are not supported" in outcome.message, outcome.message
     for res in results:
         assert res.value[1], (
             f"rank {res.rank}: the group was broken by the rejected call"

@@ -11,7 +11,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dist_harness import CaseReport, RankContext, init_groups, run_cases, spawn_cases
+from dist_harness import (
+    CaseReport,
+    RankContext,
+    backend_under_test,
+    init_groups,
+    run_cases,
+    spawn_cases,
+)
 from reference import assert_equal, assert_same_as_gloo, make_input, seed_of
 
 COLUMNS = 3
@@ -82,22 +89,46 @@ def _all_gather_uneven(ctx: RankContext, dtype: torch.dtype) -> None:
         assert_equal(outputs[r], _gathered_block(r, world, dtype), f"block of rank {r}")
 
 
-def _all_gather_coalesced(ctx: RankContext) -> None:
+def _all_gather_coalesced(ctx: RankContext, gloo: dist.ProcessGroup) -> None:
+    # torch's layout: one list per rank, each with one tensor per input.
     world = ctx.world_size
     sizes = (5, 0, 1237)
     mine = [
         make_input(seed_of("agc", i), ctx.rank, n, torch.float32)
         for i, n in enumerate(sizes)
     ]
-    outputs = [[torch.zeros(n) for _ in range(world)] for n in sizes]
+    outputs = [[torch.zeros(n) for n in sizes] for _ in range(world)]
     dist.all_gather_coalesced(outputs, mine)
-    for i, n in enumerate(sizes):
-        for r in range(world):
+    reference = [[torch.zeros(n) for n in sizes] for _ in range(world)]
+    dist.all_gather_coalesced(reference, mine, group=gloo)
+    for r in range(world):
+        for i, n in enumerate(sizes):
             assert_equal(
-                outputs[i][r],
+                outputs[r][i],
                 make_input(seed_of("agc", i), r, n, torch.float32),
                 f"tensor {i} of rank {r}",
             )
+            assert_equal(outputs[r][i], reference[r][i], "differs from gloo")
+
+
+def _all_gather_coalesced_refuses_transposed(ctx: RankContext) -> None:
+    # One list per input (outputs[i][r]) is refused at the call on every rank,
+    # naming the op, the rank and the layout torch expects.
+    world = ctx.world_size
+    shapes = ((2, 2), (3,))
+    mine = [torch.ones(shape) for shape in shapes]
+    transposed = [[torch.zeros(shape) for _ in range(world)] for shape in shapes]
+    expected = rf"allgather_coalesced on rank {ctx.rank}: " + (
+        r"output tensor 1 for rank 0 is Float\[2, 2\] but input tensor 1 is Float\[3\]"
+        if world == len(shapes)
+        else rf"expected one list of output tensors per rank \({world}\), got 2 lists"
+    )
+    with pytest.raises(RuntimeError, match=expected):
+        dist.all_gather_coalesced(transposed, mine)
+    # The group is still usable.
+    tensor = torch.ones(2)
+    dist.all_reduce(tensor)
+    assert tensor.tolist() == [float(world)] * 2
 
 
 def _reduce_scatter_coalesced(ctx: RankContext, gloo: dist.ProcessGroup) -> None:
@@ -157,7 +188,11 @@ def _rank_main(ctx: RankContext) -> dict[str, str | None]:
         cases[f"single {dtype}"] = lambda d=dtype: _all_to_all_single(ctx, gloo, d)
         cases[f"list {dtype}"] = lambda d=dtype: _all_to_all_list(ctx, d)
         cases[f"all_gather uneven {dtype}"] = lambda d=dtype: _all_gather_uneven(ctx, d)
-    cases["all_gather_coalesced"] = lambda: _all_gather_coalesced(ctx)
+    cases["all_gather_coalesced"] = lambda: _all_gather_coalesced(ctx, gloo)
+    if ctx.backend == "grpc":
+        cases["transposed all_gather_coalesced"] = lambda: (
+            _all_gather_coalesced_refuses_transposed(ctx)
+        )
     cases["reduce_scatter coalesced"] = lambda: _reduce_scatter_coalesced(ctx, gloo)
     cases["all_gather_into_tensor coalesced"] = lambda: (
         _all_gather_into_tensor_coalesced(ctx)
@@ -196,6 +231,14 @@ def test_all_gather_of_different_sizes(world: int, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("world", WORLDS)
 def test_all_gather_coalesced(world: int) -> None:
     _report(world).assert_passed("all_gather_coalesced")
+
+
+@pytest.mark.skipif(
+    backend_under_test() != "grpc", reason="checks the grpc backend's message"
+)
+@pytest.mark.parametrize("world", WORLDS)
+def test_all_gather_coalesced_refuses_one_list_per_input(world: int) -> None:
+    _report(world).assert_passed("transposed all_gather_coalesced")
 
 
 @pytest.mark.parametrize("world", WORLDS)

@@ -17,6 +17,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allreduce(std::vector<at::Tenso
   TORCH_CHECK(tensors.size() == 1, where, ": expected one tensor, got ", tensors.size(),
               "; use all_reduce_coalesced for several.");
   const at::Tensor& tensor = tensors[0];
+  // torch routes sparse CPU tensors here, and sparse CUDA ones to allreduce_sparse.
+  if (tensor.layout() == at::kSparse) return allreduce_sparse(tensors, opts);
   check_output(tensor, where);
   const DType dtype = to_dtype(tensor.scalar_type(), where);
   const TorchReduction reduce_op = to_reduction(opts.reduceOp, dtype, where);
@@ -167,19 +169,38 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allgather_into_tensor_coalesced
   return works.empty() ? barrier(c10d::BarrierOptions()) : works.back();
 }
 
+// torch's layout, as gloo's: one list per rank, each holding one tensor per
+// input (outputs[rank][i] receives input i of that rank). Each input runs as
+// an all_gather of its own, into {outputs[0][i], ..., outputs[world-1][i]}.
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                      std::vector<at::Tensor>& inputs,
                                                                      const c10d::AllgatherOptions& opts) {
   const std::string where = this->where("allgather_coalesced");
-  TORCH_CHECK(outputs.size() == inputs.size(), where, ": got ", inputs.size(), " inputs but ", outputs.size(),
-              " lists of outputs.");
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    std::vector<std::vector<at::Tensor>> out{outputs[i]};
-    std::vector<at::Tensor> in{inputs[i]};
-    works.push_back(allgather(out, in, opts));
+  TORCH_CHECK(!inputs.empty(), where, ": expected at least one input tensor.");
+  TORCH_CHECK(static_cast<int>(outputs.size()) == size_, where, ": expected one list of output tensors per rank (",
+              size_, "), got ", outputs.size(), " lists; output_tensor_lists[r][i] receives input i of rank r.");
+  for (int r = 0; r < size_; ++r) {
+    TORCH_CHECK(outputs[r].size() == inputs.size(), where, ": the output list for rank ", r, " holds ",
+                outputs[r].size(), " tensors; it needs one per input tensor (", inputs.size(), ").");
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const at::Tensor& out = outputs[r][i];
+      TORCH_CHECK(out.scalar_type() == inputs[i].scalar_type() && out.sizes() == inputs[i].sizes(), where,
+                  ": output tensor ", i, " for rank ", r, " is ", out.scalar_type(), out.sizes(),
+                  " but input tensor ", i, " is ", inputs[i].scalar_type(), inputs[i].sizes(),
+                  "; each must match its input in dtype and shape.");
+    }
   }
-  return works.empty() ? barrier(c10d::BarrierOptions()) : works.back();
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  works.reserve(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::vector<std::vector<at::Tensor>> per_rank(1);
+    per_rank[0].reserve(size_);
+    for (int r = 0; r < size_; ++r) per_rank[0].push_back(outputs[r][i]);
+    std::vector<at::Tensor> in{inputs[i]};
+    works.push_back(allgather(per_rank, in, opts));
+  }
+  // Jobs run in order, so the last one completing means all have.
+  return works.back();
 }
 
 // Ops issued while coalescing run as they are issued; the Work of the batch

@@ -75,6 +75,11 @@ class ProcessGroupGrpc : public c10d::Backend {
                                            const c10d::AllreduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                      const c10d::AllreduceCoalescedOptions& opts) override;
+  // A sparse COO tensor, summed as gloo sums it (sparse_allreduce.cc): an
+  // all_gather of every rank's nnz and sizes, then of its indices and values.
+  // allreduce() sends sparse CPU tensors here; torch sends sparse CUDA ones.
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                  const c10d::AllreduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
                                            const c10d::AllgatherOptions& opts) override;
