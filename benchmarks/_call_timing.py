@@ -47,9 +47,10 @@ def time_calls(
         start = time.perf_counter()
         run()
         warmup.append(time.perf_counter() - start)
-    # The median of the warm-up calls, not one call: a call that the scheduler
-    # preempted would cut the count to a handful on a busy machine.
-    calls = budget.calls_for(agree_max(statistics.median(warmup[1:])))
+    # The fastest warm-up call, what a warm call costs: one that the scheduler
+    # preempted, or one of a backend's slow first calls, would cut the count to a
+    # handful. max_calls bounds what a too-fast estimate costs.
+    calls = budget.calls_for(agree_max(min(warmup)))
     barrier()
     times = []
     for _ in range(calls):

@@ -308,6 +308,12 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\n{CANDIDATE} / it: grpc's median time over that backend's; below 1.00x grpc is faster"
     )
+    if "deepspeed" in backends and max(args.world_sizes) > (os.cpu_count() or 1):
+        print(
+            f"note: more ranks than the {os.cpu_count()} CPUs: DeepSpeed's ranks wait "
+            "for each other by spinning on flags in shared memory (shm.cpp), so a "
+            "rank that waits holds a CPU that the rank it waits for may need"
+        )
     if note := other_load_note(load):
         print(f"note: {note}")
     meta = {
