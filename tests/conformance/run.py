@@ -234,6 +234,8 @@ def main() -> int:
         "-v", "--verbose", action="store_true", help="stream pytest's output"
     )
     args = parser.parse_args()
+    # pytest runs from this folder: a relative --out would land under it.
+    args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
 
     outcomes: dict[str, dict[int, dict[str, Outcome]]] = {b: {} for b in BACKENDS}
