@@ -171,7 +171,9 @@ def _claim_after_the_end(ctx: RankContext, token: str) -> dict[str, object]:
         )
         link.send_frame(message)
         store.wait(["first taken"])
-        link.close()  # the stream ends: rank 1 is gone, as far as rank 0 can tell
+        # The stream ends cleanly (a half-close, not a cancellation, whose reason reads
+        # differently): rank 1 is gone, as far as rank 0 can tell.
+        link.end()
         time.sleep(0.5)
         again, welcome = wc.handshake(
             rank.target(0, unix=False), rank.group_key + "/p2p", 1, 0, 2, token

@@ -15,6 +15,7 @@ import hmac
 import os
 import queue
 import struct
+import threading
 from collections.abc import Sequence
 
 import grpc
@@ -249,8 +250,25 @@ class Link:
         return pb.Frame.FromString(self.reply_bytes())
 
     def close(self) -> None:
+        """Drops the stream at once: the server may see it end or see it cancelled."""
         self._outbox.put(None)
         self.channel.close()
+
+    def end(self, timeout: float = 10) -> tuple[grpc.StatusCode, str]:
+        """Ends the stream as a rank does: a half-close, then the server's status, then the
+        channel. Unlike `close`, the server always sees a clean end, never a cancellation."""
+        self._outbox.put(None)
+        done = threading.Event()
+        outcome: list[tuple[grpc.StatusCode, str]] = []
+
+        def wait_for_status() -> None:
+            outcome.append(self.status())
+            done.set()
+
+        threading.Thread(target=wait_for_status, daemon=True).start()
+        done.wait(timeout)
+        self.channel.close()
+        return outcome[0] if outcome else (grpc.StatusCode.DEADLINE_EXCEEDED, "")
 
     def status(self) -> tuple[grpc.StatusCode, str]:
         """Waits for the stream's end; its code and details."""
