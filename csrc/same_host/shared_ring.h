@@ -69,7 +69,7 @@ constexpr size_t kMaxRecordBytes = kRecordBytes - sizeof(uint32_t);
 // already let the receiver reduce one chunk while the sender copies the next;
 // four absorb a slow turn. More only push slots out of the CPU's cache: eight
 // slots of 2 MiB ran a 64 MiB allreduce 15-30% slower than four on an AMD EPYC
-// (benchmarks/RESULTS.md).
+// (benchmarks/history.md).
 constexpr uint32_t kRingSlots = 4;
 
 // Bytes of the memory file for a ring of this shape, or 0 if the shape is out

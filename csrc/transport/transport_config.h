@@ -7,7 +7,7 @@
 namespace tgpg {
 
 // Settings of the gRPC transport. The Python package fills them from
-// torch_grpc_pg.Options and TORCH_GRPC_PG_* environment variables (README).
+// torch_grpc_pg.Options and TORCH_GRPC_PG_* environment variables (docs/options.md).
 struct TransportConfig {
   std::string bind_host = "0.0.0.0";  // where the server listens
   int port = 0;                       // 0: an ephemeral port
