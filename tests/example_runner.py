@@ -23,6 +23,17 @@ from torch_grpc_pg._ports import LOOPBACK, free_port
 
 # The interpreter, torchrun and the status tool of the environment running the tests.
 BIN_DIR = Path(sys.executable).parent
+# What torchrun gives a rank; only the ranks of an example get them, from rank_env.
+LAUNCHER_VARIABLES = frozenset(
+    {
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -46,7 +57,11 @@ class ExampleTimeout(AssertionError):
 
 def base_env(extra: Mapping[str, str]) -> dict[str, str]:
     """The environment of an example: ours without the backend's settings, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_GRPC_PG_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("TORCH_GRPC_PG_") and k not in LAUNCHER_VARIABLES
+    }
     env["PATH"] = os.pathsep.join([str(BIN_DIR), env.get("PATH", "")])
     env["OMP_NUM_THREADS"] = "1"  # as torchrun sets it; 2 cores serve every rank
     env["PYTHONUNBUFFERED"] = "1"
