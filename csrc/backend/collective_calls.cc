@@ -42,8 +42,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allreduce(std::vector<at::Tenso
         }
         if (reduce_op.reduction.average) stage->host().div_(size_);
         stage->write_back();
-      },
-      run_here(tensor, bytes));
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allreduce_coalesced(
@@ -110,8 +109,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::broadcast(std::vector<at::Tenso
           c.wait_sends_released();
         }
         if (static_cast<uint32_t>(rank_) != root) stage->write_back();
-      },
-      run_here(tensor, bytes));
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -155,8 +153,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allgather(std::vector<std::vect
           c.wait_sends_released();
         }
         for (int r = 0; r < size_; ++r) copy_into(outs[r], gathered.narrow(0, r * n, n));
-      },
-      run_here(input, bytes));
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -190,8 +187,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::_allgather_base(at::Tensor& out
           c.wait_sends_released();
         }
         out->write_back();
-      },
-      run_here(input, bytes));
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allgather_into_tensor_coalesced(
@@ -287,8 +283,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::barrier(const c10d::BarrierOpti
         }
         Collective c = collective(OpType::Barrier, seq, DType::UInt8, 0, timeout, nullptr);
         tgpg::barrier(c);
-      },
-      /*here=*/segment_ != nullptr);
+      });
 }
 
 }  // namespace tgpg

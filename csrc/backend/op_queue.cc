@@ -37,29 +37,6 @@ uint64_t OpQueue::push(Run run, Cancel cancel) {
   return seq;
 }
 
-std::optional<uint64_t> OpQueue::run_here_if_idle(const Run& run, const Cancel& cancel) {
-  uint64_t seq;
-  {
-    std::lock_guard<std::mutex> lock(shared_->mutex);
-    if (shared_->closed || !shared_->jobs.empty() || shared_->in_run || shared_->in_finish) return std::nullopt;
-    seq = ++shared_->last_seq;
-    shared_->in_run = true;
-  }
-  Finish finish;
-  try {
-    finish = run(seq);
-  } catch (...) {
-    finish = [seq, cancel] { cancel(seq, "an unexpected internal error ended the job"); };
-  }
-  {
-    std::lock_guard<std::mutex> lock(shared_->mutex);
-    shared_->in_run = false;
-    shared_->changed.notify_all();
-  }
-  if (finish) finish();
-  return seq;
-}
-
 uint64_t OpQueue::last_seq() const {
   std::lock_guard<std::mutex> lock(shared_->mutex);
   return shared_->last_seq;
@@ -144,13 +121,11 @@ void OpQueue::run(const std::shared_ptr<Shared>& shared) {
     Job job;
     {
       std::unique_lock<std::mutex> lock(shared->mutex);
-      // A job run on its caller's thread holds in_run: the next waits for it.
-      shared->changed.wait(lock, [&] { return shared->closed || (!shared->jobs.empty() && !shared->in_run); });
+      shared->changed.wait(lock, [&] { return shared->closed || !shared->jobs.empty(); });
       if (shared->closed) break;
       job = std::move(shared->jobs.front());
       shared->jobs.pop_front();
       shared->in_run = true;
-      shared->in_finish = true;
     }
     Finish finish;
     try {
@@ -177,10 +152,6 @@ void OpQueue::run(const std::shared_ptr<Shared>& shared) {
       finish = nullptr;
       job = Job{};
     } catch (...) {
-    }
-    {
-      std::lock_guard<std::mutex> lock(shared->mutex);
-      shared->in_finish = false;
     }
   }
   std::lock_guard<std::mutex> lock(shared->mutex);

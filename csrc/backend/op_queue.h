@@ -7,7 +7,6 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,13 +45,6 @@ class OpQueue {
   // closed, the job is cancelled at once on this thread with the close reason.
   // Returns the job's sequence number.
   uint64_t push(Run run, Cancel cancel);
-  // Runs the job here, on the calling thread, if the queue is idle: nothing
-  // queued, none running, and no job's Finish still completing (so that
-  // futures complete in issue order). Small collectives then skip the hand-off
-  // to the worker and back, which costs more than they do. Returns the job's
-  // sequence number, or nothing if the queue was busy or closed (push it
-  // then). The job counts as running for close() and wait_run_over().
-  std::optional<uint64_t> run_here_if_idle(const Run& run, const Cancel& cancel);
   // The sequence number of the last job pushed (0 before the first).
   uint64_t last_seq() const;
 
@@ -85,8 +77,7 @@ class OpQueue {
     uint64_t last_seq = 0;
     bool closed = false;
     std::string reason;
-    bool in_run = false;     // a job is inside its Run, on the worker or run here
-    bool in_finish = false;  // the worker is completing a job (its Finish)
+    bool in_run = false;  // the worker is inside a job's Run
     bool exited = false;
   };
 

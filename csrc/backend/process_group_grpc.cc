@@ -300,16 +300,16 @@ Collective ProcessGroupGrpc::collective(OpType op, uint64_t seq, DType dtype, ui
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::enqueue(c10d::OpType type, const char* title,
                                                          const std::vector<at::Tensor>& inputs,
                                                          std::vector<at::Tensor> outputs,
-                                                         std::chrono::milliseconds timeout, Body body, bool here) {
+                                                         std::chrono::milliseconds timeout, Body body) {
   auto work = c10::make_intrusive<GrpcWork>(rank_, type, title, inputs, std::move(outputs));
-  issue(queue_, *messenger_, work, title, inputs, timeout, std::move(body), here);
+  issue(queue_, *messenger_, work, title, inputs, timeout, std::move(body));
   return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::issue(OpQueue& queue, GroupTransport& transport,
                                                        const c10::intrusive_ptr<GrpcWork>& work, const char* title,
                                                        const std::vector<at::Tensor>& inputs,
-                                                       std::chrono::milliseconds timeout, Body body, bool here) {
+                                                       std::chrono::milliseconds timeout, Body body) {
   // A failure the transport found on its own (a broken link, a peer's abort)
   // fails the group now, so this call fails at once with that reason.
   if (state_.phase() == GroupState::Phase::Ready && messenger_->failed()) {
@@ -329,14 +329,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::issue(OpQueue& queue, GroupTran
   OpQueue::Run run = [this, &transport, work, title, timeout, summary, body = std::move(body)](uint64_t seq) {
     return run_job(transport, work, title, seq, timeout, summary, body);
   };
-  if (here) {
-    // Issued and run before this returns: the status shows it issued first.
-    const OpQueue::Run issued_then_run = [this, &queue, &run](uint64_t seq) {
-      if (&queue == &queue_) messenger_->monitor().op_issued(seq);
-      return run(seq);
-    };
-    if (queue.run_here_if_idle(issued_then_run, cancel)) return work;
-  }
   const uint64_t seq = queue.push(std::move(run), std::move(cancel));
   // Sequence numbers in the status are the collectives'; each lane counts its own.
   if (&queue == &queue_) messenger_->monitor().op_issued(seq);

@@ -136,19 +136,17 @@ class ProcessGroupGrpc : public c10d::Backend {
  private:
   using Body = std::function<void(uint64_t seq, std::chrono::milliseconds timeout)>;
 
-  // Issues `body` on the worker thread and returns its Work at once; with
-  // `here`, runs it on the calling thread instead when the queue is idle
-  // (OpQueue::run_here_if_idle), and returns its Work completed.
+  // Issues `body` on the worker thread and returns its Work at once.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* title,
                                          const std::vector<at::Tensor>& inputs,
                                          std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
-                                         Body body, bool here = false);
+                                         Body body);
   // The same on any queue: the collectives' or a point-to-point lane, whose
   // ops `transport` records.
   c10::intrusive_ptr<c10d::Work> issue(OpQueue& queue, GroupTransport& transport,
                                        const c10::intrusive_ptr<GrpcWork>& work, const char* title,
                                        const std::vector<at::Tensor>& inputs, std::chrono::milliseconds timeout,
-                                       Body body, bool here = false);
+                                       Body body);
   // Point-to-point helpers (p2p_calls.cc).
   void check_peer(int peer, const std::string& where, const char* role) const;
   // Takes the next message from `src` into `stage`; source_lock(src) held.
@@ -191,12 +189,8 @@ class ProcessGroupGrpc : public c10d::Backend {
                       const std::string& outcome);
   void decide_segment(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix);
   static const char* const kNoSegment;
-  // Whether a collective of `bytes` (per rank) runs in the segment, and whether
-  // it may run on the calling thread (CPU tensors, and small: see run_here).
+  // Whether a collective of `bytes` (per rank) runs in the segment.
   bool on_segment(size_t bytes) const { return segment_ && bytes <= kSegmentMaxBytes; }
-  bool run_here(const at::Tensor& tensor, size_t bytes) const {
-    return on_segment(bytes) && tensor.device().is_cpu() && bytes <= kRunHereMaxBytes;
-  }
   // How an op waits in the segment: its deadline, the group's failure, and
   // what the status tool shows of a long wait.
   SegmentWait segment_wait(const OpDescriptor& op, std::chrono::milliseconds timeout) const;
@@ -206,10 +200,6 @@ class ProcessGroupGrpc : public c10d::Backend {
                                  const std::optional<Reduction>& reduction = std::nullopt);
   // Collectives of at most this many bytes per rank run in the segment.
   static constexpr size_t kSegmentMaxBytes = size_t{1} << 62;
-  // Those of at most this many run on the calling thread when the queue is
-  // idle: a hand-off to the worker and back costs more than they do, and
-  // blocking the caller for them costs it little.
-  static constexpr size_t kRunHereMaxBytes = 1 << 20;
   void publish_server(const c10::intrusive_ptr<c10d::Store>& store) const;
   // Waits for every peer's address and connects to it; returns why not, or "".
   // Marks in `absent` the ranks that published no address within the bound.

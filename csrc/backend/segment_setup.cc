@@ -45,8 +45,10 @@ constexpr const char* kSegmentOk = "ok";
 const char* const ProcessGroupGrpc::kNoSegment = "none";
 
 bool ProcessGroupGrpc::wants_segment() const {
+  // The layout is unknown when a peer failed to start (nothing was connected):
+  // the group fails then anyway, and wants no segment.
   return size_ > 1 && options_.transport.shared_memory && options_.transport.unix_sockets &&
-         static_cast<int>(hosts_.local_ranks(rank_).size()) == size_;
+         hosts_.world() == size_ && static_cast<int>(hosts_.local_ranks(rank_).size()) == size_;
 }
 
 std::string ProcessGroupGrpc::map_segment(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix) {

@@ -135,7 +135,9 @@ void SegmentGroup::wait_for(uint32_t peer, uint32_t step, const OpDescriptor& d,
     // Slow: worth a look at whether the peer is on another op altogether.
     check_agreement(peer, d, /*must_be_equal=*/false);
     const std::string failure = wait.failure ? wait.failure() : std::string();
-    if (!failure.empty()) throw CollectiveError(failure);
+    if (!failure.empty()) {
+      throw CollectiveError(describe(d) + " on rank " + std::to_string(rank_) + " failed: " + failure);
+    }
     if (now >= wait.deadline) {
       throw PeerTimeout(describe(d) + " on rank " + std::to_string(rank_) + " timed out waiting for rank " +
                         std::to_string(peer) + " in the ranks' shared memory segment; rank " + std::to_string(peer) +
