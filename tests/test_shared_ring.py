@@ -618,14 +618,29 @@ def _out_of_threads(ctx: RankContext, cgroup: str) -> dict[str, Any]:
         with open(f"{cgroup}/pids.max", "w") as limit:
             limit.write(count)
     store_barrier(ctx.store(), ctx.world_size, "limited")
-    try:
+
+    def exchange() -> str | None:
         # Through the links, not the group's segment: rings carry an all-to-all.
-        dist.all_to_all_single(
-            torch.empty(NUMEL * ctx.world_size), torch.ones(NUMEL * ctx.world_size)
-        )
-        outcome = "completed"
-    except RuntimeError as exc:
-        outcome = str(exc)
+        # Small chunks: what rank 0 sends fits the stream's flow-control window, so its
+        # writes complete though rank 1, failed, no longer reads them.
+        try:
+            dist.all_to_all_single(
+                torch.empty(256 * ctx.world_size), torch.ones(256 * ctx.world_size)
+            )
+        except RuntimeError as exc:
+            return str(exc)
+        return None
+
+    # A writer sends inline until it sees its ring mapped, and an all-to-all at world
+    # 2 is one frame per peer: the first may come inline, needing no reader. Once both
+    # ranks are past it, rank 0 has read rank 1's offer (it came before the data) and
+    # mapped the ring, so rank 1's next frame switches to it, and needs the reader.
+    outcome = exchange()
+    store_barrier(ctx.store(), ctx.world_size, "first exchange")
+    if outcome is None:
+        # Rank 1's frames of the second go into the ring, and it may finish before rank 0
+        # fails; a third call meets the failure that rank 0's abort carried.
+        outcome = exchange() or exchange() or "completed"
     if ctx.rank == 0:
         with open(f"{PIDS_CGROUP}/cgroup.procs", "w") as procs:
             procs.write(str(os.getpid()))  # back to the root cgroup, to be removed
