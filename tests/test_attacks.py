@@ -454,13 +454,28 @@ def _subgroups(ctx: RankContext) -> dict[str, object]:
         dist.new_group(pg_options=torch_grpc_pg.Options(auth_token="another"))
     except Exception as exc:
         error = str(exc)
+    # The server bounds what it buffers per message by the first group's chunk.
+    larger = torch_grpc_pg.Options(auth_token=TOKEN, chunk_bytes=4 << 20)
+    chunk_error = ""
+    try:
+        dist.new_group(pg_options=larger)
+    except Exception as exc:
+        chunk_error = str(exc)
     return {
         "exact": bool(torch.equal(tensor, torch.full((NUMEL,), 3.0))),
         "error": error,
+        "chunk_error": chunk_error,
     }
 
 
 def test_subgroups_inherit_the_token_and_refuse_another() -> None:
     for res in run_ranks(_subgroups, 2):
         assert res.value["exact"], res.value
-        assert "auth_token (TORCH_GRPC_PG_AUTH_TOKEN)" in res.value["error"], res.value
+        assert (
+            "with a different auth_token (TORCH_GRPC_PG_AUTH_TOKEN) than the one given"
+            in res.value["error"]
+        ), res.value
+        assert (
+            "with a smaller chunk_bytes (TORCH_GRPC_PG_CHUNK_BYTES: 2097152 bytes) than"
+            in res.value["chunk_error"]
+        ), res.value

@@ -52,19 +52,24 @@ std::weak_ptr<RankServer>& current_server() {
 }
 
 // The settings one process's server cannot serve two ways. Returns the first
-// that differs, by its Options name and variable, or "".
+// that differs, as the words between "with a" and "the one given" of the
+// refusal (its Options name and variable among them), or "".
 std::string conflicting_setting(const TransportConfig& running, const TransportConfig& wanted) {
-  if (wanted.auth_token != running.auth_token) return "auth_token (TORCH_GRPC_PG_AUTH_TOKEN)";
-  if (wanted.tls_cert_file != running.tls_cert_file) return "tls_cert (TORCH_GRPC_PG_TLS_CERT)";
-  if (wanted.tls_key_file != running.tls_key_file) return "tls_key (TORCH_GRPC_PG_TLS_KEY)";
-  if (wanted.tls_ca_file != running.tls_ca_file) return "tls_ca (TORCH_GRPC_PG_TLS_CA)";
-  if (wanted.tls_server_name != running.tls_server_name) return "tls_server_name (TORCH_GRPC_PG_TLS_SERVER_NAME)";
-  if (wanted.bind_host != running.bind_host) return "bind_host (TORCH_GRPC_PG_BIND_HOST)";
-  if (wanted.port != 0 && wanted.port != running.port) return "port (TORCH_GRPC_PG_PORT)";
-  if (wanted.unix_sockets != running.unix_sockets) return "unix_sockets (TORCH_GRPC_PG_UNIX_SOCKETS)";
-  if (wanted.health_public != running.health_public) return "health_public (TORCH_GRPC_PG_HEALTH_PUBLIC)";
-  if (wanted.encrypt != running.encrypt) return "encrypt (TORCH_GRPC_PG_ENCRYPT)";
-  if (wanted.max_payload_bytes > running.max_payload_bytes) return "chunk_bytes (TORCH_GRPC_PG_CHUNK_BYTES), larger than";
+  if (wanted.auth_token != running.auth_token) return "different auth_token (TORCH_GRPC_PG_AUTH_TOKEN) than";
+  if (wanted.tls_cert_file != running.tls_cert_file) return "different tls_cert (TORCH_GRPC_PG_TLS_CERT) than";
+  if (wanted.tls_key_file != running.tls_key_file) return "different tls_key (TORCH_GRPC_PG_TLS_KEY) than";
+  if (wanted.tls_ca_file != running.tls_ca_file) return "different tls_ca (TORCH_GRPC_PG_TLS_CA) than";
+  if (wanted.tls_server_name != running.tls_server_name) return "different tls_server_name (TORCH_GRPC_PG_TLS_SERVER_NAME) than";
+  if (wanted.bind_host != running.bind_host) return "different bind_host (TORCH_GRPC_PG_BIND_HOST) than";
+  if (wanted.port != 0 && wanted.port != running.port) return "different port (TORCH_GRPC_PG_PORT) than";
+  if (wanted.unix_sockets != running.unix_sockets) return "different unix_sockets (TORCH_GRPC_PG_UNIX_SOCKETS) than";
+  if (wanted.health_public != running.health_public) return "different health_public (TORCH_GRPC_PG_HEALTH_PUBLIC) than";
+  if (wanted.encrypt != running.encrypt) return "different encrypt (TORCH_GRPC_PG_ENCRYPT) than";
+  if (wanted.max_payload_bytes > running.max_payload_bytes) {
+    // The server bounds what it buffers per message by the first group's chunk.
+    return "smaller chunk_bytes (TORCH_GRPC_PG_CHUNK_BYTES: " + std::to_string(running.max_payload_bytes) +
+           " bytes) than";
+  }
   return "";
 }
 
@@ -88,7 +93,7 @@ std::shared_ptr<RankServer> RankServer::acquire(const TransportConfig& config) {
     const std::string field = conflicting_setting(server->config_, config);
     if (!field.empty()) {
       throw std::invalid_argument(
-          "this process already serves its process groups with a different " + field +
+          "this process already serves its process groups with a " + field +
           " the one given for this group. Every group of a process shares one server and its "
           "security settings: leave the field unset in this group's Options to inherit it, or "
           "give it the same value.");
