@@ -9,21 +9,13 @@
 #include <sstream>
 
 #include "algorithms/collective_error.h"
+#include "backend/store_access.h"
 #include "transport/endpoint.h"
 
 namespace tgpg {
 namespace {
 
 constexpr const char* kStorePrefix = "torch_grpc_pg/";
-
-std::string store_string(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key) {
-  const std::vector<uint8_t> bytes = store->get(key);
-  return std::string(bytes.begin(), bytes.end());
-}
-
-void store_set(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key, const std::string& value) {
-  store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
-}
 
 std::string random_hex() {
   std::random_device random;
@@ -152,6 +144,11 @@ void ProcessGroupGrpc::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) 
             failure.empty() ? messenger_->local_endpoint() : std::string());
   std::vector<bool> absent(size_, false);  // never published an address within `bound`
   if (failure.empty()) failure = connect_peers(store, prefix, absent);
+  // The shared segment, where every rank lives on this host; reported before
+  // the outcome, so that every rank reads every report once outcomes are in.
+  const bool segment = failure.empty() && wants_segment();
+  if (segment) report_segment(store, prefix, map_segment(store, prefix));
+  else if (rank_ == 0) store_set(store, prefix + "segment", kNoSegment);
 
   // Report, then keep the server up until every rank that is coming has
   // reported (or `bound` has passed), so that no peer still connecting finds
@@ -190,6 +187,7 @@ void ProcessGroupGrpc::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) 
     failures.push_back("rank " + std::to_string(r) + ": " + reason);
   }
   if (failures.empty()) {
+    if (segment) decide_segment(store, prefix);
     publish_server(store);
     return;
   }
@@ -290,6 +288,11 @@ std::string ProcessGroupGrpc::where(const char* op) const {
 Collective ProcessGroupGrpc::collective(OpType op, uint64_t seq, DType dtype, uint64_t count,
                                         std::chrono::milliseconds timeout, std::shared_ptr<void> keepalive,
                                         uint32_t root, std::optional<Reduction> reduction) {
+  // A peer that runs this op in the shared segment must hear at once that this
+  // rank runs it over the links (messages between two ranks are not the group's ops).
+  if (segment_ && op != OpType::PointToPoint) {
+    segment_->announce_elsewhere(descriptor(op, seq, dtype, count, root, reduction));
+  }
   return Collective(*messenger_, rank_, size_, op, seq, dtype, count, timeout, options_.chunk_bytes,
                     std::make_shared<SendTracker>(std::move(keepalive)), root, reduction);
 }
@@ -323,11 +326,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::issue(OpQueue& queue, GroupTran
   // What the flight recorder shows of this op (group_monitor.h).
   OpSummary summary{inputs.empty() ? "" : std::string(c10::toString(inputs[0].scalar_type())),
                     inputs.empty() ? 0 : static_cast<uint64_t>(inputs[0].numel())};
-  const uint64_t seq = queue.push(
-      [this, &transport, work, title, timeout, summary, body = std::move(body)](uint64_t seq) {
-        return run_job(transport, work, title, seq, timeout, summary, body);
-      },
-      std::move(cancel));
+  OpQueue::Run run = [this, &transport, work, title, timeout, summary, body = std::move(body)](uint64_t seq) {
+    return run_job(transport, work, title, seq, timeout, summary, body);
+  };
+  const uint64_t seq = queue.push(std::move(run), std::move(cancel));
   // Sequence numbers in the status are the collectives'; each lane counts its own.
   if (&queue == &queue_) messenger_->monitor().op_issued(seq);
   return work;

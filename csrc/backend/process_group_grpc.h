@@ -20,6 +20,7 @@
 #include "backend/host_staging.h"
 #include "backend/op_queue.h"
 #include "backend/p2p_lanes.h"
+#include "same_host/segment_group.h"
 #include "transport/group_transport.h"
 #include "transport/transport_config.h"
 
@@ -179,6 +180,26 @@ class ProcessGroupGrpc : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_uneven(std::vector<at::Tensor>& inputs, std::vector<at::Tensor> outputs,
                                                   const c10d::AllgatherOptions& opts, const std::string& where);
   void rendezvous(const c10::intrusive_ptr<c10d::Store>& store);
+  // The shared segment (segment_setup.cc): wanted when every rank lives on
+  // this host; mapped during rendezvous ("" when this rank has it, else why
+  // not), reported, and kept only if every rank reported it mapped.
+  bool wants_segment() const;
+  std::string map_segment(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix);
+  void report_segment(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,
+                      const std::string& outcome);
+  void decide_segment(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix);
+  static const char* const kNoSegment;
+  // Whether a collective of `bytes` (per rank) runs in the segment.
+  bool on_segment(size_t bytes) const { return segment_ && bytes <= kSegmentMaxBytes; }
+  // How an op waits in the segment: its deadline, the group's failure, and
+  // what the status tool shows of a long wait.
+  SegmentWait segment_wait(const OpDescriptor& op, std::chrono::milliseconds timeout) const;
+  // What an op moved through the segment, in the counters the status tool shows.
+  void count_segment_bytes(size_t sent, size_t received) const;
+  static OpDescriptor descriptor(OpType op, uint64_t seq, DType dtype, uint64_t count, uint32_t root = 0,
+                                 const std::optional<Reduction>& reduction = std::nullopt);
+  // Collectives of at most this many bytes per rank run in the segment.
+  static constexpr size_t kSegmentMaxBytes = size_t{1} << 62;
   void publish_server(const c10::intrusive_ptr<c10d::Store>& store) const;
   // Waits for every peer's address and connects to it; returns why not, or "".
   // Marks in `absent` the ranks that published no address within the bound.
@@ -208,6 +229,8 @@ class ProcessGroupGrpc : public c10d::Backend {
   std::shared_ptr<GroupTransport> p2p_;  // point-to-point messages, on streams of their own
   // Which ranks share a host; set once the peers' endpoints are known, before any op.
   HostLayout hosts_;
+  // The group's shared segment, when every rank lives on this host and mapped it.
+  std::unique_ptr<SegmentGroup> segment_;
   // Ops issued between startCoalescing and endCoalescing.
   std::mutex coalescing_mutex_;
   bool coalescing_ = false;
