@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include "algorithms/collectives.h"
+#include "backend/blocking_call.h"
 #include "backend/host_staging.h"
 #include "backend/process_group_grpc.h"
 #include "backend/tensor_checks.h"
@@ -42,7 +43,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allreduce(std::vector<at::Tenso
         }
         if (reduce_op.reduction.average) stage->host().div_(size_);
         stage->write_back();
-      });
+      },
+      run_here(waited_at_once(opts), bytes, tensor));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allreduce_coalesced(
@@ -109,7 +111,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::broadcast(std::vector<at::Tenso
           c.wait_sends_released();
         }
         if (static_cast<uint32_t>(rank_) != root) stage->write_back();
-      });
+      },
+      run_here(waited_at_once(opts), bytes, tensor));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -153,7 +156,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allgather(std::vector<std::vect
           c.wait_sends_released();
         }
         for (int r = 0; r < size_; ++r) copy_into(outs[r], gathered.narrow(0, r * n, n));
-      });
+      },
+      run_here(waited_at_once(opts), bytes, input) && outs[0].is_cpu());
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -187,7 +191,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::_allgather_base(at::Tensor& out
           c.wait_sends_released();
         }
         out->write_back();
-      });
+      },
+      run_here(waited_at_once(opts), bytes, input) && output.is_cpu());
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allgather_into_tensor_coalesced(
@@ -283,7 +288,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::barrier(const c10d::BarrierOpti
         }
         Collective c = collective(OpType::Barrier, seq, DType::UInt8, 0, timeout, nullptr);
         tgpg::barrier(c);
-      });
+      },
+      waited_at_once(opts) && on_segment(0));
 }
 
 }  // namespace tgpg

@@ -300,16 +300,16 @@ Collective ProcessGroupGrpc::collective(OpType op, uint64_t seq, DType dtype, ui
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::enqueue(c10d::OpType type, const char* title,
                                                          const std::vector<at::Tensor>& inputs,
                                                          std::vector<at::Tensor> outputs,
-                                                         std::chrono::milliseconds timeout, Body body) {
+                                                         std::chrono::milliseconds timeout, Body body, bool here) {
   auto work = c10::make_intrusive<GrpcWork>(rank_, type, title, inputs, std::move(outputs));
-  issue(queue_, *messenger_, work, title, inputs, timeout, std::move(body));
+  issue(queue_, *messenger_, work, title, inputs, timeout, std::move(body), here);
   return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::issue(OpQueue& queue, GroupTransport& transport,
                                                        const c10::intrusive_ptr<GrpcWork>& work, const char* title,
                                                        const std::vector<at::Tensor>& inputs,
-                                                       std::chrono::milliseconds timeout, Body body) {
+                                                       std::chrono::milliseconds timeout, Body body, bool here) {
   // A failure the transport found on its own (a broken link, a peer's abort)
   // fails the group now, so this call fails at once with that reason.
   if (state_.phase() == GroupState::Phase::Ready && messenger_->failed()) {
@@ -318,6 +318,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::issue(OpQueue& queue, GroupTran
   {
     std::lock_guard<std::mutex> lock(coalescing_mutex_);
     if (coalescing_) coalesced_.push_back(work->getFuture());
+    // A coalesced op's caller waits for the group of them, not for this one.
+    here = here && !coalescing_;
   }
   const int rank = rank_;
   OpQueue::Cancel cancel = [work, title, rank](uint64_t seq, const std::string& why) {
@@ -329,9 +331,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::issue(OpQueue& queue, GroupTran
   OpQueue::Run run = [this, &transport, work, title, timeout, summary, body = std::move(body)](uint64_t seq) {
     return run_job(transport, work, title, seq, timeout, summary, body);
   };
-  const uint64_t seq = queue.push(std::move(run), std::move(cancel));
   // Sequence numbers in the status are the collectives'; each lane counts its own.
-  if (&queue == &queue_) messenger_->monitor().op_issued(seq);
+  const auto issued = [this, &queue](uint64_t seq) {
+    if (&queue == &queue_) messenger_->monitor().op_issued(seq);
+  };
+  if (here && queue.run_here_if_idle(run, cancel, issued)) return work;
+  issued(queue.push(std::move(run), std::move(cancel)));
   return work;
 }
 

@@ -136,17 +136,27 @@ class ProcessGroupGrpc : public c10d::Backend {
  private:
   using Body = std::function<void(uint64_t seq, std::chrono::milliseconds timeout)>;
 
-  // Issues `body` on the worker thread and returns its Work at once.
+  // Issues `body` on the worker thread and returns its Work at once; with
+  // `here` (see run_here()), runs it on the calling thread instead when no
+  // other job is queued or running.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* title,
                                          const std::vector<at::Tensor>& inputs,
                                          std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
-                                         Body body);
+                                         Body body, bool here = false);
   // The same on any queue: the collectives' or a point-to-point lane, whose
   // ops `transport` records.
   c10::intrusive_ptr<c10d::Work> issue(OpQueue& queue, GroupTransport& transport,
                                        const c10::intrusive_ptr<GrpcWork>& work, const char* title,
                                        const std::vector<at::Tensor>& inputs, std::chrono::milliseconds timeout,
-                                       Body body);
+                                       Body body, bool here = false);
+  // Whether a collective may run on the calling thread: its caller waits for
+  // it at once (async_op=False), it runs in the shared segment, which needs no
+  // other thread, and its tensor is in host memory (a CUDA tensor's staging
+  // waits on its stream on the worker). For a 4 KiB allreduce the two thread
+  // hand-offs it saves are most of the time (benchmarks/one_host.py).
+  bool run_here(bool waited_at_once, size_t bytes, const at::Tensor& tensor) const {
+    return waited_at_once && on_segment(bytes) && tensor.is_cpu();
+  }
   // Point-to-point helpers (p2p_calls.cc).
   void check_peer(int peer, const std::string& where, const char* role) const;
   // Takes the next message from `src` into `stage`; source_lock(src) held.

@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include "algorithms/collectives.h"
+#include "backend/blocking_call.h"
 #include "backend/host_staging.h"
 #include "backend/process_group_grpc.h"
 #include "backend/tensor_checks.h"
@@ -200,7 +201,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::reduce_scatter_packed(at::Tenso
         }
         if (reduce_op.reduction.average) mine.div_(size_);
         copy_into(output, mine);
-      });
+      },
+      run_here(waited_at_once(opts), bytes, output));
 }
 
 namespace {
