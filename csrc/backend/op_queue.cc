@@ -58,7 +58,8 @@ bool OpQueue::run_here_if_idle(const Run& run, const Cancel& cancel,
     ~LeaveRun() {
       std::lock_guard<std::mutex> lock(shared.mutex);
       shared.in_run = false;
-      shared.changed.notify_all();
+      // Waking the idle worker for nothing would cost a context switch per op.
+      if (!shared.jobs.empty() || shared.awaiting_run_over > 0) shared.changed.notify_all();
     }
   };
   Finish finish;
@@ -104,7 +105,10 @@ OpQueue::Cancelled OpQueue::close(const std::string& reason, bool* running) {
 bool OpQueue::wait_run_over(std::chrono::milliseconds limit) {
   if (on_worker_thread()) return true;  // the worker is in a Finish, not in a Run
   std::unique_lock<std::mutex> lock(shared_->mutex);
-  return shared_->changed.wait_for(lock, limit, [&] { return !shared_->in_run; });
+  ++shared_->awaiting_run_over;
+  const bool over = shared_->changed.wait_for(lock, limit, [&] { return !shared_->in_run; });
+  --shared_->awaiting_run_over;
+  return over;
 }
 
 bool OpQueue::on_worker_thread() const { return std::this_thread::get_id() == worker_id_; }
@@ -139,7 +143,9 @@ void OpQueue::finish_worker(std::chrono::milliseconds grace) {
   bool exited;
   {
     std::unique_lock<std::mutex> lock(shared_->mutex);
+    ++shared_->awaiting_run_over;
     shared_->changed.wait(lock, [&] { return !shared_->in_run; });
+    --shared_->awaiting_run_over;
     exited = shared_->changed.wait_for(lock, grace, [&] { return shared_->exited; });
   }
   try {

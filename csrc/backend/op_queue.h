@@ -88,6 +88,10 @@ class OpQueue {
     bool closed = false;
     std::string reason;
     bool in_run = false;  // a job is inside its Run, on the worker or a caller's thread
+    // Threads in wait_run_over() or finish_worker(), waiting for in_run to
+    // fall: a caller that leaves its run part wakes them, and wakes the worker
+    // only when a job waits for it, not on every op.
+    int awaiting_run_over = 0;
     bool exited = false;
   };
 
