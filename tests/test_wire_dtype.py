@@ -254,8 +254,10 @@ def test_invalid_wire_dtypes_name_the_option_and_the_valid_values(
 
 # --------------------------------------------------------------------------- training
 
-# Measured (2 fake hosts of 2 ranks, 40 steps of SGD with momentum): see LOSS_RTOL.
-LOSS_RTOL = 0.02
+# The mean loss over the ranks, step by step, relative to float32's. Measured on 2 fake
+# hosts of 2 ranks over 40 steps: at most 0.06% (DDP) and 0.12% (FSDP2) with bfloat16,
+# 0.004% and 0.014% with float16; the loss itself falls by 90%.
+LOSS_RTOL = 0.01
 
 
 @pytest.fixture(scope="module")
