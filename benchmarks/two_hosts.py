@@ -96,7 +96,9 @@ def worker(args: argparse.Namespace) -> None:
         rows += _run_point(ctx, cases, groups)
     for row in rows:
         if row.get("status") == "ok":
-            row["link_bytes_per_op"] = _link_bytes_per_op(groups[row["backend"]], row["bytes"])
+            row["link_bytes_per_op"] = _link_bytes_per_op(
+                groups[row["backend"]], row["bytes"]
+            )
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:

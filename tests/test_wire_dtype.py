@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 
+import fake_hosts
 import pytest
 import torch
 import torch.distributed as dist
-
-import fake_hosts
 import wire_dtype_job as job
 import wire_dtype_train as train_job
+
 from dist_harness import RankContext, run_ranks
 from torch_grpc_pg import Options
 from torch_grpc_pg._ports import free_port
@@ -47,7 +47,9 @@ Results = list[dict[str, torch.Tensor]]  # by rank
 
 
 @pytest.fixture(scope="module")
-def run_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], Results]]:
+def run_job(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[[str], Results]]:
     reason = fake_hosts.unavailable_reason()
     if reason is not None:
         pytest.skip(f"fake hosts: {reason}")
@@ -115,9 +117,9 @@ def test_every_rank_ends_with_the_same_bytes(
     for case in SAME_ON_EVERY_RANK:
         first = results[0][case]
         for rank, saved in enumerate(results[1:], start=1):
-            assert torch.equal(saved[case].view(torch.int32), first.view(torch.int32)), (
-                f"{name}, {case}: rank {rank} holds other bytes than rank 0"
-            )
+            assert torch.equal(
+                saved[case].view(torch.int32), first.view(torch.int32)
+            ), f"{name}, {case}: rank {rank} holds other bytes than rank 0"
 
 
 @pytest.mark.parametrize("name", ["2x2 bfloat16", "2x2 float16", "2+1 bfloat16"])
@@ -151,7 +153,10 @@ def test_reductions_are_within_the_rounding_bound_of_float64(
     for rank, saved in enumerate(results):
         block = scattered[:, rank * job.MEDIUM : (rank + 1) * job.MEDIUM]
         _assert_within_rounding(
-            saved["reduce_scatter_tensor"], block, wire, f"reduce_scatter on rank {rank}"
+            saved["reduce_scatter_tensor"],
+            block,
+            wire,
+            f"reduce_scatter on rank {rank}",
         )
 
 
@@ -181,7 +186,9 @@ def test_moved_values_are_the_senders_rounded_once(
         assert torch.equal(saved["all_gather_into_tensor"], gathered.reshape(-1)), (
             f"rank {rank}"
         )
-        assert torch.equal(saved["all_gather"], gathered_list.reshape(-1)), f"rank {rank}"
+        assert torch.equal(saved["all_gather"], gathered_list.reshape(-1)), (
+            f"rank {rank}"
+        )
 
 
 def test_other_dtypes_are_unchanged(run_job: Callable[[str], Results]) -> None:
@@ -197,7 +204,6 @@ def test_one_host_is_unchanged(run_job: Callable[[str], Results]) -> None:
     for rank, (a, b) in enumerate(zip(narrowed, plain)):
         for case in job.CASES:
             assert torch.equal(a[case], b[case]), f"{case} on rank {rank}"
-
 
 
 # --------------------------------------------------------------------------- the option
@@ -223,7 +229,9 @@ def _init_with_wire_dtype(ctx: RankContext, wire_dtypes: list[str]) -> str:
 
 
 def test_ranks_with_different_wire_dtypes_are_refused_at_the_handshake() -> None:
-    results = run_ranks(_init_with_wire_dtype, 2, ["float32", "bfloat16"], timeout_s=120)
+    results = run_ranks(
+        _init_with_wire_dtype, 2, ["float32", "bfloat16"], timeout_s=120
+    )
     for result in results:
         message = result.value
         assert "wire_dtype=float32" in message and "wire_dtype=bfloat16" in message, (
@@ -275,7 +283,9 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Results]:
         }
         hosts = [[0, 1], [2, 3]]
         fake_hosts.run(hosts, [train_job.__file__, str(out)], env, out, JOB_TIMEOUT_S)
-        runs[wire] = [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(4)]
+        runs[wire] = [
+            torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(4)
+        ]
     return runs
 
 
@@ -302,4 +312,6 @@ def test_bfloat16_on_the_wire_trains_like_float32(
         first = trained["bfloat16"][0][key]
         for rank, saved in enumerate(trained["bfloat16"][1:], start=1):
             for name, value in first.items():
-                assert torch.equal(saved[key][name], value), f"{key} {name} on rank {rank}"
+                assert torch.equal(saved[key][name], value), (
+                    f"{key} {name} on rank {rank}"
+                )

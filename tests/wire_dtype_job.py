@@ -36,7 +36,9 @@ def make_input(case: str, rank: int, n: int, dtype: torch.dtype) -> torch.Tensor
 
 
 def _all_reduce(
-    n: int, dtype: torch.dtype = torch.float32, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
+    n: int,
+    dtype: torch.dtype = torch.float32,
+    op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
 ) -> Callable[[str, int, int], torch.Tensor]:
     def run(case: str, rank: int, world: int) -> torch.Tensor:
         t = make_input(case, rank, n, dtype)
