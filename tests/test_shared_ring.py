@@ -69,9 +69,10 @@ def _own_status(backend: Any) -> Any:
 def _traffic(ctx: RankContext, env: dict[str, str], numel: int) -> dict[str, Any]:
     os.environ.update(env)
     gloo = init_groups(ctx)
-    # A link offers its ring with its first frame, so the first collective's first
-    # frames go through the socket; the counters below start after one.
-    dist.all_reduce(torch.ones(numel))
+    # A link offers its ring with its first frame, so the first frames through the
+    # links (an all-to-all's: collectives with a schedule in the group's segment
+    # use no link) go through the socket; the counters below start after them.
+    dist.all_to_all_single(torch.empty(ctx.world_size), torch.ones(ctx.world_size))
     before = _own_status(_backend())
     inputs = [
         make_input(seed_of("shared-ring", r), r, numel, torch.float32)
@@ -90,6 +91,15 @@ def _traffic(ctx: RankContext, env: dict[str, str], numel: int) -> dict[str, Any
     broadcast = inputs[ctx.rank].clone()
     dist.broadcast(broadcast, src=root)
     assert torch.equal(broadcast, inputs[root]), "broadcast differs from the root's"
+
+    # An all-to-all has no schedule in the group's segment: it goes through the
+    # links, and so through their rings.
+    split = torch.arange(numel * ctx.world_size, dtype=torch.float32) + ctx.rank
+    exchanged = torch.empty_like(split)
+    dist.all_to_all_single(exchanged, split)
+    exchanged_by_gloo = torch.empty_like(split)
+    dist.all_to_all_single(exchanged_by_gloo, split, group=gloo)
+    assert torch.equal(exchanged, exchanged_by_gloo), "all_to_all differs from gloo's"
 
     after = _own_status(_backend())
     return {
@@ -143,8 +153,11 @@ def _threads_by_name() -> dict[str, list[int]]:
 
 def _idle_wakes(ctx: RankContext, idle_s: float) -> dict[str, Any]:
     init_groups(ctx)
+    # An all-to-all goes through the links (the group's segment carries the
+    # collectives it has a schedule for), so each rank's rings from its peers
+    # have readers.
     for _ in range(3):
-        dist.all_reduce(torch.ones(3))
+        dist.all_to_all_single(torch.empty(ctx.world_size), torch.ones(ctx.world_size))
     # Every rank has received all it will: from here on nothing is sent.
     store_barrier(ctx.store(), ctx.world_size, "idle")
     before = _threads_by_name()
@@ -593,8 +606,8 @@ PIDS_CGROUP = "/sys/fs/cgroup/pids"
 
 def _out_of_threads(ctx: RankContext, cgroup: str) -> dict[str, Any]:
     """Rank 0 is put in a cgroup that lets it start no more threads (as a container's pids
-    limit would), before its first frame arrives; rank 1 then sends it a chunk, whose ring
-    needs a reader thread on rank 0."""
+    limit would), before its first frame arrives; rank 1 then sends it a chunk of an
+    all-to-all, whose ring needs a reader thread on rank 0."""
     init_default_group(ctx)
     if ctx.rank == 0:
         os.makedirs(cgroup)
@@ -605,11 +618,29 @@ def _out_of_threads(ctx: RankContext, cgroup: str) -> dict[str, Any]:
         with open(f"{cgroup}/pids.max", "w") as limit:
             limit.write(count)
     store_barrier(ctx.store(), ctx.world_size, "limited")
-    try:
-        dist.all_reduce(torch.ones(NUMEL))
-        outcome = "completed"
-    except RuntimeError as exc:
-        outcome = str(exc)
+
+    def exchange() -> str | None:
+        # Through the links, not the group's segment: rings carry an all-to-all.
+        # Small chunks: what rank 0 sends fits the stream's flow-control window, so its
+        # writes complete though rank 1, failed, no longer reads them.
+        try:
+            dist.all_to_all_single(
+                torch.empty(256 * ctx.world_size), torch.ones(256 * ctx.world_size)
+            )
+        except RuntimeError as exc:
+            return str(exc)
+        return None
+
+    # A writer sends inline until it sees its ring mapped, and an all-to-all at world
+    # 2 is one frame per peer: the first may come inline, needing no reader. Once both
+    # ranks are past it, rank 0 has read rank 1's offer (it came before the data) and
+    # mapped the ring, so rank 1's next frame switches to it, and needs the reader.
+    outcome = exchange()
+    store_barrier(ctx.store(), ctx.world_size, "first exchange")
+    if outcome is None:
+        # Rank 1's frames of the second go into the ring, and it may finish before rank 0
+        # fails; a third call meets the failure that rank 0's abort carried.
+        outcome = exchange() or exchange() or "completed"
     if ctx.rank == 0:
         with open(f"{PIDS_CGROUP}/cgroup.procs", "w") as procs:
             procs.write(str(os.getpid()))  # back to the root cgroup, to be removed

@@ -9,13 +9,6 @@
 #include "algorithms/wire_kernels.h"
 
 namespace tgpg {
-namespace {
-
-bool has_root(OpType op) {
-  return op == OpType::Broadcast || op == OpType::Reduce || op == OpType::Gather || op == OpType::Scatter;
-}
-
-}  // namespace
 
 Collective::Collective(Messenger& messenger, int rank, int world, OpType op, uint64_t seq,
                        DType dtype, uint64_t count, std::chrono::milliseconds timeout,

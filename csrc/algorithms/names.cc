@@ -132,6 +132,10 @@ std::string reduction_name(uint32_t code) {
 
 const char* op_name(OpType op) { return op_name(static_cast<uint32_t>(op)); }
 
+bool has_root(OpType op) {
+  return op == OpType::Broadcast || op == OpType::Reduce || op == OpType::Gather || op == OpType::Scatter;
+}
+
 const char* op_name(uint32_t op) {
   switch (static_cast<OpType>(op)) {
     case OpType::Allreduce: return "allreduce";

@@ -24,5 +24,7 @@ enum class OpType : uint32_t {
 
 const char* op_name(OpType op);
 const char* op_name(uint32_t op);
+// Whether the collective has a root rank (broadcast, reduce, gather, scatter).
+bool has_root(OpType op);
 
 }  // namespace tgpg

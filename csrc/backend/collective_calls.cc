@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include "algorithms/collectives.h"
+#include "backend/blocking_call.h"
 #include "backend/host_staging.h"
 #include "backend/process_group_grpc.h"
 #include "backend/tensor_checks.h"
@@ -24,18 +25,27 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allreduce(std::vector<at::Tenso
   const TorchReduction reduce_op = to_reduction(opts.reduceOp, dtype, where);
   auto stage = std::make_shared<HostStage>(tensor, /*copy_in=*/true);
   const auto count = static_cast<uint64_t>(tensor.numel());
-  return enqueue(c10d::OpType::ALLREDUCE, "grpc:all_reduce", tensors, tensors, timeout_of(opts.timeout),
-                 [this, stage, dtype, reduce_op, count](uint64_t seq, std::chrono::milliseconds timeout) {
-                   stage->wait_ready();
-                   premultiply(stage->host(), reduce_op);
-                   Collective c = collective(OpType::Allreduce, seq, dtype, count, timeout, keep_alive({stage->host()}),
-                                             /*root=*/0, reduce_op.reduction);
-                   narrow_between_hosts(c);
-                   tgpg::allreduce(c, stage->data(), options_.direct_max_bytes, hosts_);
-                   c.wait_sends_released();
-                   if (reduce_op.reduction.average) stage->host().div_(size_);
-                   stage->write_back();
-                 });
+  const size_t bytes = count * element_size(dtype);
+  return enqueue(
+      c10d::OpType::ALLREDUCE, "grpc:all_reduce", tensors, tensors, timeout_of(opts.timeout),
+      [this, stage, dtype, reduce_op, count, bytes](uint64_t seq, std::chrono::milliseconds timeout) {
+        stage->wait_ready();
+        premultiply(stage->host(), reduce_op);
+        if (on_segment(bytes)) {
+          const OpDescriptor d = descriptor(OpType::Allreduce, seq, dtype, count, 0, reduce_op.reduction);
+          segment_->allreduce(stage->data(), count, dtype, reduce_op.reduction.op, d, segment_wait(d, timeout));
+          count_segment_bytes(bytes, bytes);
+        } else {
+          Collective c = collective(OpType::Allreduce, seq, dtype, count, timeout, keep_alive({stage->host()}),
+                                    /*root=*/0, reduce_op.reduction);
+          narrow_between_hosts(c);
+          tgpg::allreduce(c, stage->data(), options_.direct_max_bytes, hosts_);
+          c.wait_sends_released();
+        }
+        if (reduce_op.reduction.average) stage->host().div_(size_);
+        stage->write_back();
+      },
+      run_here(waited_at_once(opts), bytes, tensor));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allreduce_coalesced(
@@ -89,16 +99,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::broadcast(std::vector<at::Tenso
   const auto root = static_cast<uint32_t>(opts.rootRank);
   auto stage = std::make_shared<HostStage>(tensor, /*copy_in=*/rank_ == opts.rootRank);
   const auto count = static_cast<uint64_t>(tensor.numel());
-  return enqueue(c10d::OpType::BROADCAST, "grpc:broadcast", tensors, tensors, timeout_of(opts.timeout),
-                 [this, stage, dtype, count, root](uint64_t seq, std::chrono::milliseconds timeout) {
-                   stage->wait_ready();
-                   Collective c = collective(OpType::Broadcast, seq, dtype, count, timeout,
-                                             keep_alive({stage->host()}), root);
-                   narrow_between_hosts(c);
-                   tgpg::broadcast(c, stage->data(), options_.direct_max_bytes);
-                   c.wait_sends_released();
-                   if (static_cast<uint32_t>(rank_) != root || c.narrows()) stage->write_back();
-                 });
+  const size_t bytes = count * element_size(dtype);
+  return enqueue(
+      c10d::OpType::BROADCAST, "grpc:broadcast", tensors, tensors, timeout_of(opts.timeout),
+      [this, stage, dtype, count, root, bytes, root_writes](uint64_t seq, std::chrono::milliseconds timeout) {
+        stage->wait_ready();
+        if (on_segment(bytes)) {
+          const OpDescriptor d = descriptor(OpType::Broadcast, seq, dtype, count, root);
+          segment_->broadcast(stage->data(), bytes, root, d, segment_wait(d, timeout));
+          const bool root_here = static_cast<uint32_t>(rank_) == root;
+          count_segment_bytes(root_here ? bytes : 0, root_here ? 0 : bytes);
+        } else {
+          Collective c = collective(OpType::Broadcast, seq, dtype, count, timeout, keep_alive({stage->host()}), root);
+          narrow_between_hosts(c);
+          tgpg::broadcast(c, stage->data(), options_.direct_max_bytes);
+          c.wait_sends_released();
+        }
+        if (static_cast<uint32_t>(rank_) != root || root_writes) stage->write_back();
+      },
+      run_here(waited_at_once(opts), bytes, tensor));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -124,17 +143,27 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allgather(std::vector<std::vect
   auto in = std::make_shared<HostStage>(input, /*copy_in=*/true);
   const int64_t n = input.numel();
   at::Tensor gathered = at::empty({size_ * n}, input.options().device(at::kCPU));
-  return enqueue(c10d::OpType::ALLGATHER, "grpc:all_gather", inputs, outs, timeout_of(opts.timeout),
-                 [this, in, gathered, outs, dtype, n](uint64_t seq, std::chrono::milliseconds timeout) mutable {
-                   in->wait_ready();
-                   gathered.narrow(0, rank_ * n, n).copy_(in->host().reshape({-1}));
-                   Collective c = collective(OpType::Allgather, seq, dtype, static_cast<uint64_t>(n), timeout,
-                                             keep_alive({gathered}));
-                   narrow_between_hosts(c);
-                   tgpg::allgather(c, static_cast<std::byte*>(gathered.data_ptr()));
-                   c.wait_sends_released();
-                   for (int r = 0; r < size_; ++r) copy_into(outs[r], gathered.narrow(0, r * n, n));
-                 });
+  const size_t bytes = static_cast<size_t>(n) * element_size(dtype);
+  return enqueue(
+      c10d::OpType::ALLGATHER, "grpc:all_gather", inputs, outs, timeout_of(opts.timeout),
+      [this, in, gathered, outs, dtype, n, bytes](uint64_t seq, std::chrono::milliseconds timeout) mutable {
+        in->wait_ready();
+        if (on_segment(bytes)) {
+          const OpDescriptor d = descriptor(OpType::Allgather, seq, dtype, static_cast<uint64_t>(n));
+          segment_->allgather(in->data(), static_cast<std::byte*>(gathered.data_ptr()), bytes, d,
+                              segment_wait(d, timeout));
+          count_segment_bytes(bytes, bytes * (size_ - 1));
+        } else {
+          gathered.narrow(0, rank_ * n, n).copy_(in->host().reshape({-1}));
+          Collective c =
+              collective(OpType::Allgather, seq, dtype, static_cast<uint64_t>(n), timeout, keep_alive({gathered}));
+          narrow_between_hosts(c);
+          tgpg::allgather(c, static_cast<std::byte*>(gathered.data_ptr()));
+          c.wait_sends_released();
+        }
+        for (int r = 0; r < size_; ++r) copy_into(outs[r], gathered.narrow(0, r * n, n));
+      },
+      run_here(waited_at_once(opts), bytes, input) && outs[0].is_cpu());
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -150,19 +179,27 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::_allgather_base(at::Tensor& out
   auto in = std::make_shared<HostStage>(input, /*copy_in=*/true);
   auto out = std::make_shared<HostStage>(output, /*copy_in=*/false);
   const int64_t n = input.numel();
-  return enqueue(c10d::OpType::_ALLGATHER_BASE, "grpc:all_gather_into_tensor", {input}, {output},
-                 timeout_of(opts.timeout),
-                 [this, in, out, dtype, n](uint64_t seq, std::chrono::milliseconds timeout) {
-                   in->wait_ready();
-                   at::Tensor flat = out->host().view({-1});
-                   flat.narrow(0, rank_ * n, n).copy_(in->host().reshape({-1}));
-                   Collective c = collective(OpType::Allgather, seq, dtype, static_cast<uint64_t>(n), timeout,
-                                             keep_alive({out->host()}));
-                   narrow_between_hosts(c);
-                   tgpg::allgather(c, out->data());
-                   c.wait_sends_released();
-                   out->write_back();
-                 });
+  const size_t bytes = static_cast<size_t>(n) * element_size(dtype);
+  return enqueue(
+      c10d::OpType::_ALLGATHER_BASE, "grpc:all_gather_into_tensor", {input}, {output}, timeout_of(opts.timeout),
+      [this, in, out, dtype, n, bytes](uint64_t seq, std::chrono::milliseconds timeout) {
+        in->wait_ready();
+        if (on_segment(bytes)) {
+          const OpDescriptor d = descriptor(OpType::Allgather, seq, dtype, static_cast<uint64_t>(n));
+          segment_->allgather(in->data(), out->data(), bytes, d, segment_wait(d, timeout));
+          count_segment_bytes(bytes, bytes * (size_ - 1));
+        } else {
+          at::Tensor flat = out->host().view({-1});
+          flat.narrow(0, rank_ * n, n).copy_(in->host().reshape({-1}));
+          Collective c =
+              collective(OpType::Allgather, seq, dtype, static_cast<uint64_t>(n), timeout, keep_alive({out->host()}));
+          narrow_between_hosts(c);
+          tgpg::allgather(c, out->data());
+          c.wait_sends_released();
+        }
+        out->write_back();
+      },
+      run_here(waited_at_once(opts), bytes, input) && output.is_cpu());
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allgather_into_tensor_coalesced(
@@ -248,11 +285,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::endCoalescing() {
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::barrier(const c10d::BarrierOptions& opts) {
-  return enqueue(c10d::OpType::BARRIER, "grpc:barrier", {}, {}, timeout_of(opts.timeout),
-                 [this](uint64_t seq, std::chrono::milliseconds timeout) {
-                   Collective c = collective(OpType::Barrier, seq, DType::UInt8, 0, timeout, nullptr);
-                   tgpg::barrier(c);
-                 });
+  return enqueue(
+      c10d::OpType::BARRIER, "grpc:barrier", {}, {}, timeout_of(opts.timeout),
+      [this](uint64_t seq, std::chrono::milliseconds timeout) {
+        if (on_segment(0)) {
+          const OpDescriptor d = descriptor(OpType::Barrier, seq, DType::UInt8, 0);
+          segment_->barrier(d, segment_wait(d, timeout));
+          return;
+        }
+        Collective c = collective(OpType::Barrier, seq, DType::UInt8, 0, timeout, nullptr);
+        tgpg::barrier(c);
+      },
+      waited_at_once(opts) && on_segment(0));
 }
 
 }  // namespace tgpg

@@ -42,6 +42,44 @@ uint64_t OpQueue::last_seq() const {
   return shared_->last_seq;
 }
 
+bool OpQueue::run_here_if_idle(const Run& run, const Cancel& cancel,
+                               const std::function<void(uint64_t seq)>& issued) {
+  uint64_t seq;
+  {
+    std::lock_guard<std::mutex> lock(shared_->mutex);
+    if (shared_->closed || shared_->in_run || !shared_->jobs.empty()) return false;
+    seq = ++shared_->last_seq;
+    shared_->in_run = true;
+  }
+  // Leaves the run part however it ends, so that the worker and close() never
+  // wait on a job that is over.
+  struct LeaveRun {
+    Shared& shared;
+    ~LeaveRun() {
+      std::lock_guard<std::mutex> lock(shared.mutex);
+      shared.in_run = false;
+      shared.changed.notify_all();
+    }
+  };
+  Finish finish;
+  {
+    LeaveRun leave{*shared_};
+    try {
+      issued(seq);
+      finish = run(seq);
+    } catch (...) {
+      // As on the worker: anything escaping the run part fails the job.
+      finish = [seq, cancel] { cancel(seq, "an unexpected internal error ended the job on the calling thread"); };
+    }
+  }
+  try {
+    if (finish) finish();
+  } catch (...) {
+    // As on the worker: a callback's exception is not this caller's.
+  }
+  return true;
+}
+
 OpQueue::Cancelled OpQueue::take_queued(Shared& shared) {
   Cancelled cancelled;
   cancelled.reserve(shared.jobs.size());
@@ -121,7 +159,9 @@ void OpQueue::run(const std::shared_ptr<Shared>& shared) {
     Job job;
     {
       std::unique_lock<std::mutex> lock(shared->mutex);
-      shared->changed.wait(lock, [&] { return shared->closed || !shared->jobs.empty(); });
+      // A job that a caller runs on its own thread (run_here_if_idle) holds
+      // in_run: the next one waits for it, so that jobs run in their order.
+      shared->changed.wait(lock, [&] { return shared->closed || (!shared->jobs.empty() && !shared->in_run); });
       if (shared->closed) break;
       job = std::move(shared->jobs.front());
       shared->jobs.pop_front();

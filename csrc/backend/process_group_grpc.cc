@@ -9,21 +9,13 @@
 #include <sstream>
 
 #include "algorithms/collective_error.h"
+#include "backend/store_access.h"
 #include "transport/endpoint.h"
 
 namespace tgpg {
 namespace {
 
 constexpr const char* kStorePrefix = "torch_grpc_pg/";
-
-std::string store_string(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key) {
-  const std::vector<uint8_t> bytes = store->get(key);
-  return std::string(bytes.begin(), bytes.end());
-}
-
-void store_set(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key, const std::string& value) {
-  store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
-}
 
 std::string random_hex() {
   std::random_device random;
@@ -152,6 +144,11 @@ void ProcessGroupGrpc::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) 
             failure.empty() ? messenger_->local_endpoint() : std::string());
   std::vector<bool> absent(size_, false);  // never published an address within `bound`
   if (failure.empty()) failure = connect_peers(store, prefix, absent);
+  // The shared segment, where every rank lives on this host; reported before
+  // the outcome, so that every rank reads every report once outcomes are in.
+  const bool segment = failure.empty() && wants_segment();
+  if (segment) report_segment(store, prefix, map_segment(store, prefix));
+  else if (rank_ == 0) store_set(store, prefix + "segment", kNoSegment);
 
   // Report, then keep the server up until every rank that is coming has
   // reported (or `bound` has passed), so that no peer still connecting finds
@@ -190,6 +187,7 @@ void ProcessGroupGrpc::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) 
     failures.push_back("rank " + std::to_string(r) + ": " + reason);
   }
   if (failures.empty()) {
+    if (segment) decide_segment(store, prefix);
     publish_server(store);
     return;
   }
@@ -305,6 +303,11 @@ bool ProcessGroupGrpc::narrows_between_hosts(DType dtype) const {
 Collective ProcessGroupGrpc::collective(OpType op, uint64_t seq, DType dtype, uint64_t count,
                                         std::chrono::milliseconds timeout, std::shared_ptr<void> keepalive,
                                         uint32_t root, std::optional<Reduction> reduction) {
+  // A peer that runs this op in the shared segment must hear at once that this
+  // rank runs it over the links (messages between two ranks are not the group's ops).
+  if (segment_ && op != OpType::PointToPoint) {
+    segment_->announce_elsewhere(descriptor(op, seq, dtype, count, root, reduction));
+  }
   return Collective(*messenger_, rank_, size_, op, seq, dtype, count, timeout, options_.chunk_bytes,
                     std::make_shared<SendTracker>(std::move(keepalive)), root, reduction);
 }
@@ -312,16 +315,16 @@ Collective ProcessGroupGrpc::collective(OpType op, uint64_t seq, DType dtype, ui
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::enqueue(c10d::OpType type, const char* title,
                                                          const std::vector<at::Tensor>& inputs,
                                                          std::vector<at::Tensor> outputs,
-                                                         std::chrono::milliseconds timeout, Body body) {
+                                                         std::chrono::milliseconds timeout, Body body, bool here) {
   auto work = c10::make_intrusive<GrpcWork>(rank_, type, title, inputs, std::move(outputs));
-  issue(queue_, *messenger_, work, title, inputs, timeout, std::move(body));
+  issue(queue_, *messenger_, work, title, inputs, timeout, std::move(body), here);
   return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::issue(OpQueue& queue, GroupTransport& transport,
                                                        const c10::intrusive_ptr<GrpcWork>& work, const char* title,
                                                        const std::vector<at::Tensor>& inputs,
-                                                       std::chrono::milliseconds timeout, Body body) {
+                                                       std::chrono::milliseconds timeout, Body body, bool here) {
   // A failure the transport found on its own (a broken link, a peer's abort)
   // fails the group now, so this call fails at once with that reason.
   if (state_.phase() == GroupState::Phase::Ready && messenger_->failed()) {
@@ -330,6 +333,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::issue(OpQueue& queue, GroupTran
   {
     std::lock_guard<std::mutex> lock(coalescing_mutex_);
     if (coalescing_) coalesced_.push_back(work->getFuture());
+    // A coalesced op's caller waits for the group of them, not for this one.
+    here = here && !coalescing_;
   }
   const int rank = rank_;
   OpQueue::Cancel cancel = [work, title, rank](uint64_t seq, const std::string& why) {
@@ -338,13 +343,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::issue(OpQueue& queue, GroupTran
   // What the flight recorder shows of this op (group_monitor.h).
   OpSummary summary{inputs.empty() ? "" : std::string(c10::toString(inputs[0].scalar_type())),
                     inputs.empty() ? 0 : static_cast<uint64_t>(inputs[0].numel())};
-  const uint64_t seq = queue.push(
-      [this, &transport, work, title, timeout, summary, body = std::move(body)](uint64_t seq) {
-        return run_job(transport, work, title, seq, timeout, summary, body);
-      },
-      std::move(cancel));
+  OpQueue::Run run = [this, &transport, work, title, timeout, summary, body = std::move(body)](uint64_t seq) {
+    return run_job(transport, work, title, seq, timeout, summary, body);
+  };
   // Sequence numbers in the status are the collectives'; each lane counts its own.
-  if (&queue == &queue_) messenger_->monitor().op_issued(seq);
+  const auto issued = [this, &queue](uint64_t seq) {
+    if (&queue == &queue_) messenger_->monitor().op_issued(seq);
+  };
+  if (here && queue.run_here_if_idle(run, cancel, issued)) return work;
+  issued(queue.push(std::move(run), std::move(cancel)));
   return work;
 }
 

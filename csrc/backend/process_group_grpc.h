@@ -20,6 +20,7 @@
 #include "backend/host_staging.h"
 #include "backend/op_queue.h"
 #include "backend/p2p_lanes.h"
+#include "same_host/segment_group.h"
 #include "transport/group_transport.h"
 #include "transport/transport_config.h"
 
@@ -138,17 +139,27 @@ class ProcessGroupGrpc : public c10d::Backend {
  private:
   using Body = std::function<void(uint64_t seq, std::chrono::milliseconds timeout)>;
 
-  // Issues `body` on the worker thread and returns its Work at once.
+  // Issues `body` on the worker thread and returns its Work at once; with
+  // `here` (see run_here()), runs it on the calling thread instead when no
+  // other job is queued or running.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* title,
                                          const std::vector<at::Tensor>& inputs,
                                          std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
-                                         Body body);
+                                         Body body, bool here = false);
   // The same on any queue: the collectives' or a point-to-point lane, whose
   // ops `transport` records.
   c10::intrusive_ptr<c10d::Work> issue(OpQueue& queue, GroupTransport& transport,
                                        const c10::intrusive_ptr<GrpcWork>& work, const char* title,
                                        const std::vector<at::Tensor>& inputs, std::chrono::milliseconds timeout,
-                                       Body body);
+                                       Body body, bool here = false);
+  // Whether a collective may run on the calling thread: its caller waits for
+  // it at once (async_op=False), it runs in the shared segment, which needs no
+  // other thread, and its tensor is in host memory (a CUDA tensor's staging
+  // waits on its stream on the worker). For a 4 KiB allreduce the two thread
+  // hand-offs it saves are most of the time (benchmarks/one_host.py).
+  bool run_here(bool waited_at_once, size_t bytes, const at::Tensor& tensor) const {
+    return waited_at_once && on_segment(bytes) && tensor.is_cpu();
+  }
   // Point-to-point helpers (p2p_calls.cc).
   void check_peer(int peer, const std::string& where, const char* role) const;
   // Takes the next message from `src` into `stage`; source_lock(src) held.
@@ -187,6 +198,26 @@ class ProcessGroupGrpc : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_uneven(std::vector<at::Tensor>& inputs, std::vector<at::Tensor> outputs,
                                                   const c10d::AllgatherOptions& opts, const std::string& where);
   void rendezvous(const c10::intrusive_ptr<c10d::Store>& store);
+  // The shared segment (segment_setup.cc): wanted when every rank lives on
+  // this host; mapped during rendezvous ("" when this rank has it, else why
+  // not), reported, and kept only if every rank reported it mapped.
+  bool wants_segment() const;
+  std::string map_segment(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix);
+  void report_segment(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,
+                      const std::string& outcome);
+  void decide_segment(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix);
+  static const char* const kNoSegment;
+  // Whether a collective of `bytes` (per rank) runs in the segment.
+  bool on_segment(size_t bytes) const { return segment_ && bytes <= kSegmentMaxBytes; }
+  // How an op waits in the segment: its deadline, the group's failure, and
+  // what the status tool shows of a long wait.
+  SegmentWait segment_wait(const OpDescriptor& op, std::chrono::milliseconds timeout) const;
+  // What an op moved through the segment, in the counters the status tool shows.
+  void count_segment_bytes(size_t sent, size_t received) const;
+  static OpDescriptor descriptor(OpType op, uint64_t seq, DType dtype, uint64_t count, uint32_t root = 0,
+                                 const std::optional<Reduction>& reduction = std::nullopt);
+  // Collectives of at most this many bytes per rank run in the segment.
+  static constexpr size_t kSegmentMaxBytes = size_t{1} << 62;
   void publish_server(const c10::intrusive_ptr<c10d::Store>& store) const;
   // Waits for every peer's address and connects to it; returns why not, or "".
   // Marks in `absent` the ranks that published no address within the bound.
@@ -216,6 +247,8 @@ class ProcessGroupGrpc : public c10d::Backend {
   std::shared_ptr<GroupTransport> p2p_;  // point-to-point messages, on streams of their own
   // Which ranks share a host; set once the peers' endpoints are known, before any op.
   HostLayout hosts_;
+  // The group's shared segment, when every rank lives on this host and mapped it.
+  std::unique_ptr<SegmentGroup> segment_;
   // By rank: on another host than this rank (from hosts_), for wire_dtype.
   std::vector<bool> remote_;
   // Ops issued between startCoalescing and endCoalescing.

@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include "algorithms/collectives.h"
+#include "backend/blocking_call.h"
 #include "backend/host_staging.h"
 #include "backend/process_group_grpc.h"
 #include "backend/tensor_checks.h"
@@ -179,18 +180,30 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::reduce_scatter_packed(at::Tenso
   const DType dtype = to_dtype(output.scalar_type(), where);
   const TorchReduction reduce_op = to_reduction(opts.reduceOp, dtype, where);
   const int64_t n = output.numel();
-  return enqueue(c10d::OpType::REDUCE_SCATTER, "grpc:reduce_scatter", inputs, {output}, timeout_of(opts.timeout),
-                 [this, packed, output, dtype, reduce_op, n](uint64_t seq, std::chrono::milliseconds timeout) mutable {
-                   premultiply(packed, reduce_op);
-                   Collective c = collective(OpType::ReduceScatter, seq, dtype, static_cast<uint64_t>(n), timeout,
-                                             keep_alive({packed}), /*root=*/0, reduce_op.reduction);
-                   narrow_between_hosts(c);
-                   tgpg::reduce_scatter(c, bytes_of(packed));
-                   c.wait_sends_released();
-                   at::Tensor mine = packed.narrow(0, rank_ * n, n);
-                   if (reduce_op.reduction.average) mine.div_(size_);
-                   copy_into(output, mine);
-                 });
+  const size_t bytes = static_cast<size_t>(n) * element_size(dtype);
+  return enqueue(
+      c10d::OpType::REDUCE_SCATTER, "grpc:reduce_scatter", inputs, {output}, timeout_of(opts.timeout),
+      [this, packed, output, dtype, reduce_op, n, bytes](uint64_t seq, std::chrono::milliseconds timeout) mutable {
+        premultiply(packed, reduce_op);
+        at::Tensor mine = packed.narrow(0, rank_ * n, n);
+        if (on_segment(bytes)) {
+          // The result lands in this rank's own block, whose input the segment has taken by then.
+          const OpDescriptor d =
+              descriptor(OpType::ReduceScatter, seq, dtype, static_cast<uint64_t>(n), 0, reduce_op.reduction);
+          segment_->reduce_scatter(bytes_of(packed), bytes_of(mine), static_cast<size_t>(n), dtype,
+                                   reduce_op.reduction.op, d, segment_wait(d, timeout));
+          count_segment_bytes(bytes * size_, bytes * (size_ - 1));
+        } else {
+          Collective c = collective(OpType::ReduceScatter, seq, dtype, static_cast<uint64_t>(n), timeout,
+                                    keep_alive({packed}), /*root=*/0, reduce_op.reduction);
+          narrow_between_hosts(c);
+          tgpg::reduce_scatter(c, bytes_of(packed));
+          c.wait_sends_released();
+        }
+        if (reduce_op.reduction.average) mine.div_(size_);
+        copy_into(output, mine);
+      },
+      run_here(waited_at_once(opts), bytes, output));
 }
 
 namespace {

@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,6 +32,10 @@ class GroupTransport : public Messenger {
   // Connects and handshakes now rather than at the first send, so that
   // address problems surface while the group is created.
   virtual void connect(int peer) = 0;
+  // The process at the other end of this rank's link to `peer`, when the link
+  // runs over this host's unix socket (the kernel's word for it); nothing
+  // otherwise, or before the link is open.
+  virtual std::optional<uint32_t> peer_pid(int peer) = 0;
 
   // Marks the group failed: every wait, now and later, throws `reason`. The
   // first failure, whether it came from here or from the transport itself

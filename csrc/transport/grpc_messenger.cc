@@ -129,6 +129,11 @@ void GrpcMessenger::connect(int peer) {
   }
 }
 
+std::optional<uint32_t> GrpcMessenger::peer_pid(int peer) {
+  const std::shared_ptr<PeerLink> open = find_link(peer);
+  return open ? open->peer_pid() : std::nullopt;
+}
+
 void GrpcMessenger::send(int dst, const FrameHeader& header, ByteView payload,
                          const std::shared_ptr<SendTracker>& tracker) {
   std::shared_ptr<PeerLink> target;

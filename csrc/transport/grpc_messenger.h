@@ -31,6 +31,7 @@ class GrpcMessenger : public GroupTransport {
   void set_peer_endpoints(const std::vector<std::string>& endpoints) override;
   std::vector<std::string> host_ids() const override;
   void connect(int peer) override;
+  std::optional<uint32_t> peer_pid(int peer) override;
 
   void send(int dst, const FrameHeader& header, ByteView payload,
             const std::shared_ptr<SendTracker>& tracker) override;

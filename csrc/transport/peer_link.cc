@@ -355,7 +355,8 @@ PeerLink::PeerLink(const std::string& target, const LinkIdentity& identity, cons
   for (;;) {
     std::shared_ptr<grpc::Channel> channel = shared;
     Stream::Outcome outcome;
-    if (own_socket) channel = dial_unix_socket(target, config, args, &outcome.error);
+    std::optional<PeerProcess> peer;
+    if (own_socket) channel = dial_unix_socket(target, config, args, &outcome.error, &peer);
     if (channel) {
       // A fresh nonce per try: each call is a handshake of its own.
       const Transcript transcript{kProtocolVersion,
@@ -375,6 +376,7 @@ PeerLink::PeerLink(const std::string& target, const LinkIdentity& identity, cons
         }
         channel_ = std::move(channel);
         stream_ = std::move(stream);
+        if (peer) peer_pid_ = static_cast<uint32_t>(peer->pid);
         return;
       }
       if (!outcome.retryable) throw std::runtime_error(outcome.error);

@@ -47,6 +47,10 @@ class PeerLink {
   // broken or closing; the frame is dropped then.
   bool send(const FrameHeader& header, ByteView payload, std::function<void()> release);
 
+  // The process at the other end of a link over this host's unix socket, as
+  // the kernel tells it; nothing for a TCP link.
+  std::optional<uint32_t> peer_pid() const { return peer_pid_; }
+
   // Closing is split so that a group closes all its links at once: begin on
   // every link, then wait on each under one deadline, past which the stream is
   // cut. A stream that does not end even then (its peer is alive but reads
@@ -63,6 +67,7 @@ class PeerLink {
   RingWriter* ring_writer(const FrameHeader& header);
 
   std::string description_;
+  std::optional<uint32_t> peer_pid_;
   RingWriter::SentCounter count_sent_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<Stream> stream_;

@@ -35,7 +35,8 @@ class SocketFd {
 }  // namespace
 
 std::shared_ptr<grpc::Channel> dial_unix_socket(const std::string& target, const TransportConfig& config,
-                                                const grpc::ChannelArguments& args, std::string* retryable_error) {
+                                                const grpc::ChannelArguments& args, std::string* retryable_error,
+                                                std::optional<PeerProcess>* peer) {
 #ifdef GPR_SUPPORT_CHANNELS_FROM_FD
   const std::string path = target.substr(sizeof(kUnixScheme) - 1);
   sockaddr_un address{};
@@ -64,6 +65,14 @@ std::shared_ptr<grpc::Channel> dial_unix_socket(const std::string& target, const
     }
     throw std::runtime_error(what);
   }
+  // A rank's socket lies in a directory that only its user may enter; a
+  // socket of another user's at the published path is no rank of this job.
+  const std::optional<PeerProcess> listener = unix_socket_peer(fd.get());
+  if (!listener || listener->uid != ::geteuid()) {
+    throw std::runtime_error("the process listening at " + target + " belongs to another user; the address in the "
+                             "store is not a rank's of this job");
+  }
+  if (peer != nullptr) *peer = listener;
   // gRPC owns the socket from here, and closes it with the channel.
   return grpc::CreateCustomInsecureChannelFromFd(target, fd.release(), args);
 #else

@@ -4,8 +4,10 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "transport/call_peer.h"
 #include "transport/transport_config.h"
 
 namespace tgpg {
@@ -19,8 +21,10 @@ namespace tgpg {
 
 // A channel over a new connection to `target` ("unix:<path>"). Returns null and
 // sets `retryable_error` while nothing listens there yet; throws
-// std::runtime_error on any other failure.
+// std::runtime_error on any other failure, a listener of another user among
+// them. `peer`, if given, receives the process at the other end.
 std::shared_ptr<grpc::Channel> dial_unix_socket(const std::string& target, const TransportConfig& config,
-                                                const grpc::ChannelArguments& args, std::string* retryable_error);
+                                                const grpc::ChannelArguments& args, std::string* retryable_error,
+                                                std::optional<PeerProcess>* peer = nullptr);
 
 }  // namespace tgpg
