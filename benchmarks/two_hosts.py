@@ -10,6 +10,11 @@ same processes, sample by sample in turn (benchmarks/collectives.py's measuremen
 ranks 0,1 on one host and 2,3 on the other, a ring allreduce sends the same bytes over
 each direction of the link as over every other hop, so its bus bandwidth can reach the
 link rate: the table gives it as a fraction of that rate. Medians over the runs.
+
+With --wire-dtypes bfloat16 (or float16), grpc also runs with that wire_dtype, as a backend
+of its own ("grpc+bfloat16"). After the timings each job counts the bytes every backend
+sends over the link (veth0's tx counter in each namespace) for a few allreduces of each
+size: the table's "link MB/op" is the most either direction carried per allreduce.
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ from torch_grpc_pg._ports import free_port
 
 BACKENDS = ("grpc", "gloo")
 REFERENCE = "gloo"
+# Allreduces per size whose link traffic is counted.
+BYTE_COUNT_OPS = 5
 REPO_ROOT = launch.REPO_ROOT
 
 
@@ -72,15 +79,49 @@ def worker(args: argparse.Namespace) -> None:
     payload = {"warmup": args.warmup, "iters": None, "min_time": args.min_time}
     ctx = RankContext(rank, world, torch.device("cpu"), payload, timeout, None)
     groups = {b: ctx.new_group(b) for b in BACKENDS}
+    for wire in args.wire_dtypes:
+        import torch_grpc_pg
+
+        group = dist.new_group(
+            backend="grpc",
+            timeout=timeout,
+            pg_options=torch_grpc_pg.Options(wire_dtype=wire),
+        )
+        assert group is not None
+        groups[f"grpc+{wire}"] = group
     rows: list[Row] = []
     for size in args.sizes:
         nbytes = actual_bytes("allreduce", "float32", size, world)
-        cases = [Case("allreduce", "float32", nbytes, world, b) for b in BACKENDS]
+        cases = [Case("allreduce", "float32", nbytes, world, b) for b in groups]
         rows += _run_point(ctx, cases, groups)
+    for row in rows:
+        if row.get("status") == "ok":
+            row["link_bytes_per_op"] = _link_bytes_per_op(
+                groups[row["backend"]], row["bytes"]
+            )
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:
         args.out.write_text(json.dumps(rows))
+
+
+def _tx_bytes() -> int:
+    """Bytes sent so far out of this namespace's end of the link."""
+    return int(Path("/sys/class/net/veth0/statistics/tx_bytes").read_text())
+
+
+def _link_bytes_per_op(group: dist.ProcessGroup, nbytes: int) -> float:
+    """The most either host sent over the link per float32 allreduce of ``nbytes``."""
+    t = torch.ones(nbytes // 4)
+    dist.all_reduce(t, group=group)  # any first-use setup out of the count
+    dist.barrier()
+    before = _tx_bytes()
+    for _ in range(BYTE_COUNT_OPS):
+        dist.all_reduce(t, group=group)
+    dist.barrier()
+    sent = torch.tensor([float(_tx_bytes() - before)])
+    dist.all_reduce(sent, op=dist.ReduceOp.MAX)  # on the gloo default group
+    return float(sent) / BYTE_COUNT_OPS
 
 
 # ---------------------------------------------------------------- parent
@@ -111,6 +152,7 @@ def run_rate(
                 "--warmup", str(args.warmup),
                 "--min-time", str(args.min_time),
                 "--timeout", str(args.timeout),
+                "--wire-dtypes", ",".join(args.wire_dtypes),
             ]  # fmt: skip
             launch.run_pair(
                 hosts, script, free_port(), args.timeout, Path(tmp), launch.GLOO_ENV
@@ -129,13 +171,14 @@ def run_rate(
 
 def summarize(rows: list[Row]) -> list[Row]:
     """Per rate, size and backend: the median over runs, as GB/s and as a share of the link."""
-    groups: dict[tuple[str, int, str], list[float]] = {}
+    groups: dict[tuple[str, int, str], list[Row]] = {}
     for row in rows:
         if row["status"] == "ok":
             key = (row["rate"], row["bytes"], row["backend"])
-            groups.setdefault(key, []).append(row["busbw_gbps"])
+            groups.setdefault(key, []).append(row)
     table: list[Row] = []
-    for (rate, nbytes, backend), values in groups.items():
+    for (rate, nbytes, backend), runs in groups.items():
+        values = [r["busbw_gbps"] for r in runs]
         median = statistics.median(values)
         table.append(
             {
@@ -143,7 +186,12 @@ def summarize(rows: list[Row]) -> list[Row]:
                 "bytes": nbytes,
                 "backend": backend,
                 "busbw_gbps": median,
+                "lat_ms": statistics.median(r["lat_us"] for r in runs) / 1e3,
                 "link_frac": median * 1e9 / rate_bytes_per_s(rate),
+                "link_mb": statistics.median(
+                    r.get("link_bytes_per_op", float("nan")) for r in runs
+                )
+                / 1e6,
                 "runs": " ".join(f"{v:.3f}" for v in values),
             }
         )
@@ -164,6 +212,8 @@ TABLE = [
     Column("size", "bytes", fmt_bytes),
     Column("backend", "backend"),
     Column("busbw GB/s", "busbw_gbps", fmt_num(3)),
+    Column("time ms", "lat_ms", fmt_num(1)),
+    Column("link MB/op", "link_mb", fmt_num(1)),
     Column("of link", "link_frac", fmt_num(2)),
     Column("vs gloo", "ratio", fmt_ratio),
     Column("each run", "runs"),
@@ -177,6 +227,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rates", type=parse_list, default=["1gbit", "5gbit"])
     parser.add_argument("--sizes", type=parse_sizes, default=parse_sizes("1M,64M"))
     parser.add_argument("--runs", type=int, default=3, help="jobs per rate")
+    parser.add_argument(
+        "--wire-dtypes",
+        type=parse_list,
+        default=[],
+        help="also run grpc with each of these wire_dtypes (bfloat16, float16)",
+    )
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument(
         "--min-time", type=float, default=2.0, help="seconds of samples per size"

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any
 
+import torch
+
 KIB = 1 << 10
 MIB = 1 << 20
 
@@ -86,7 +88,11 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "tune_malloc": ("TORCH_GRPC_PG_TUNE_MALLOC", lambda v: _env_bool(v, True)),
     "shared_memory": ("TORCH_GRPC_PG_SHARED_MEMORY", lambda v: _env_bool(v, True)),
     "encrypt": ("TORCH_GRPC_PG_ENCRYPT", lambda v: _env_bool(v, True)),
+    "wire_dtype": ("TORCH_GRPC_PG_WIRE_DTYPE", lambda v: _env_str(v, "float32")),
 }
+
+# What float32 may travel as on links between hosts (wire_dtype).
+WIRE_DTYPES = ("float32", "bfloat16", "float16")
 
 # Inclusive ranges of the numeric fields. chunk_bytes bounds what a rank
 # buffers per frame before it can check it, so its ceiling is a security bound.
@@ -128,6 +134,7 @@ class Options:
     tune_malloc: bool = None  # type: ignore[assignment]
     shared_memory: bool = None  # type: ignore[assignment]
     encrypt: bool = None  # type: ignore[assignment]
+    wire_dtype: str = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         self._given = frozenset(
@@ -137,6 +144,11 @@ class Options:
             if getattr(self, f.name) is None:
                 variable, read = _ENV[f.name]
                 setattr(self, f.name, read(variable))
+        # torch.bfloat16 reads as "bfloat16", as the variable is written.
+        if isinstance(self.wire_dtype, torch.dtype):
+            self.wire_dtype = str(self.wire_dtype).removeprefix("torch.")
+        elif self.wire_dtype == "":
+            self.wire_dtype = "float32"
 
     def given(self, name: str) -> bool:
         """Whether the field was passed explicitly rather than taken from the environment."""
@@ -153,6 +165,11 @@ class Options:
             raise ValueError(
                 f"grpc backend: connect_timeout={self.connect_timeout} must be positive and at most "
                 "one day (TORCH_GRPC_PG_CONNECT_TIMEOUT, in seconds)"
+            )
+        if self.wire_dtype not in WIRE_DTYPES:
+            raise ValueError(
+                f"grpc backend: wire_dtype={self.wire_dtype!r} is not one of "
+                f"{', '.join(WIRE_DTYPES)} (TORCH_GRPC_PG_WIRE_DTYPE)"
             )
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError(

@@ -79,13 +79,16 @@ def link_keys(token: str, h: pb.Hello, server_nonce: bytes) -> tuple[bytes, byte
 
 
 def group_settings(
-    chunk_bytes: int = 2 << 20, direct_max_bytes: int = 64 << 10, tls: bool = False
+    chunk_bytes: int = 2 << 20,
+    direct_max_bytes: int = 64 << 10,
+    tls: bool = False,
+    wire_dtype: str = "float32",
 ) -> str:
     """The Hello's `settings`, as the ranks write them (csrc/backend/bindings.cc, and
     csrc/transport/grpc_messenger.cc for TLS)."""
     return (
         f"chunk_bytes={chunk_bytes} direct_max_bytes={direct_max_bytes} "
-        f"tls={'on' if tls else 'off'}"
+        f"wire_dtype={wire_dtype} tls={'on' if tls else 'off'}"
     )
 
 

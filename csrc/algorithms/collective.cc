@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "algorithms/collective_error.h"
+#include "algorithms/wire_kernels.h"
 
 namespace tgpg {
 
@@ -30,7 +31,29 @@ Collective::Collective(Messenger& messenger, int rank, int world, OpType op, uin
       chunk_elements_(std::max<size_t>(1, chunk_bytes / element_size(dtype))),
       tracker_(std::move(tracker)),
       root_(root),
-      reduction_(reduction) {}
+      reduction_(reduction),
+      wire_(dtype) {}
+
+void Collective::use_wire_dtype(DType wire, const std::vector<bool>& remote) {
+  if (dtype_ != DType::Float32 || wire == DType::Float32) return;
+  if (!is_wire_dtype(wire)) {
+    throw CollectiveError(describe() + ": float32 cannot travel as " + dtype_name(wire) +
+                          "; TORCH_GRPC_PG_WIRE_DTYPE takes float32, bfloat16 or float16.");
+  }
+  if (remote.size() != static_cast<size_t>(world_)) {
+    throw CollectiveError(describe() + ": the host layout names " + std::to_string(remote.size()) +
+                          " ranks, the group has " + std::to_string(world_) + ".");
+  }
+  bool any = false;
+  for (bool r : remote) any = any || r;
+  if (!any) return;
+  wire_ = wire;
+  remote_ = remote;
+}
+
+void Collective::round_to_wire(std::byte* base, uint64_t offset, uint64_t n) const {
+  if (narrows() && n > 0) round_through_wire(base + offset * element_size_, n, wire_);
+}
 
 Collective Collective::with_count(uint64_t count) const {
   Collective copy = *this;
@@ -48,6 +71,7 @@ std::string Collective::describe() const {
       << " elements";
   if (has_root(op_)) out << ", root " << root_;
   if (reduction_) out << ", " << reduction_name(reduction_code(reduction_));
+  if (narrows()) out << ", " << dtype_name(wire_) << " between hosts";
   out << ")";
   return out.str();
 }
@@ -64,7 +88,14 @@ void Collective::send(int dst, const std::byte* base, uint64_t offset, uint64_t 
   header.reduction = reduction_code(reduction_);
   header.schedule = static_cast<uint32_t>(schedule_);
   header.tag = tag_;
-  const ByteView payload = n == 0 ? ByteView{} : ByteView{base + offset * element_size_, n * element_size_};
+  ByteView payload = n == 0 ? ByteView{} : ByteView{base + offset * element_size_, n * element_size_};
+  if (n > 0 && narrows_with(dst)) {
+    // The tracker keeps the narrowed copy until the transport releases it.
+    auto narrowed = std::make_shared<std::vector<std::byte>>(n * element_size(wire_));
+    narrow_to_wire(narrowed->data(), payload.data, n, wire_);
+    payload = ByteView{narrowed->data(), narrowed->size()};
+    tracker_->hold(std::move(narrowed));
+  }
   try {
     messenger_.send(dst, header, payload, tracker_);
   } catch (const CollectiveError& e) {
@@ -112,12 +143,16 @@ ReceivedFrame Collective::recv(int src, uint64_t offset, uint64_t n) {
            "value on every rank.";
     throw CollectiveError(out.str());
   }
-  if (h.offset != offset || frame.payload_bytes() != n * element_size_) {
+  // A narrowed chunk has 2 bytes per element: checked before a byte of it is read.
+  frame.narrowed = narrows_with(src);
+  const size_t expected_bytes = n * (frame.narrowed ? element_size(wire_) : element_size_);
+  if (h.offset != offset || frame.payload_bytes() != expected_bytes) {
     std::ostringstream out;
     out << describe() << " on rank " << rank_ << ": rank " << src << " sent "
-        << frame.payload_bytes() << " bytes at element " << h.offset << " where " << n * element_size_
-        << " bytes at element " << offset
-        << " were expected. The ranks disagree on the chunk size: set TORCH_GRPC_PG_CHUNK_BYTES "
+        << frame.payload_bytes() << " bytes at element " << h.offset << " where " << expected_bytes
+        << " bytes at element " << offset << " were expected";
+    if (frame.narrowed) out << " (" << n << " elements as " << dtype_name(wire_) << ")";
+    out << ". The ranks disagree on the chunk size: set TORCH_GRPC_PG_CHUNK_BYTES "
            "to the same value on every rank.";
     throw CollectiveError(out.str());
   }

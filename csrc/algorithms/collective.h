@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "algorithms/dtype.h"
 #include "algorithms/messenger.h"
@@ -37,6 +38,23 @@ class Collective {
   void use_schedule(Schedule schedule) { schedule_ = schedule; }
   // Point-to-point messages carry the sender's tag; the receiver's must match.
   void use_tag(int64_t tag) { tag_ = tag; }
+  // Float32 values to and from the ranks marked in `remote` (those on other
+  // hosts) travel as `wire`, bfloat16 or float16: half the bytes on the
+  // slowest links (TORCH_GRPC_PG_WIRE_DTYPE). Links inside a host keep
+  // float32. Nothing changes for other dtypes, for a float32 `wire`, or where
+  // no peer is remote. Every rank must pass the same `wire` and the same
+  // `remote` (the handshake checks the first, the host layout gives the second).
+  void use_wire_dtype(DType wire, const std::vector<bool>& remote);
+  // Whether some link of this collective narrows. The algorithms then round
+  // every value they pass to all ranks through the wire dtype where it starts
+  // out, so that each rank ends with the same bits (collectives.cc).
+  bool narrows() const { return wire_ != dtype_; }
+  DType wire_dtype() const { return wire_; }
+  bool narrows_with(int peer) const { return narrows() && remote_[static_cast<size_t>(peer)]; }
+  // Rounds elements [offset, offset + n) of `base` through the wire dtype, in
+  // place: the value this rank keeps is then the one its peers receive.
+  void round_to_wire(std::byte* base, uint64_t offset, uint64_t n) const;
+
   // The same collective moving `count` elements: the blocks of an uneven
   // all-to-all differ in size from pair to pair, and each pair checks its own.
   Collective with_count(uint64_t count) const;
@@ -50,10 +68,12 @@ class Collective {
   // "allreduce #12 (float32, 1000 elements)"
   std::string describe() const;
 
-  // Sends elements [offset, offset + n) of `base` to `dst` without copying them.
+  // Sends elements [offset, offset + n) of `base` to `dst` without copying
+  // them, or narrowed into a buffer of their own (narrows_with(dst)).
   void send(int dst, const std::byte* base, uint64_t offset, uint64_t n);
   // Receives the frame for elements [offset, offset + n) from `src`, after
-  // checking that `src` is running this very collective.
+  // checking that `src` is running this very collective and that the payload
+  // has the size those elements have on that link.
   ReceivedFrame recv(int src, uint64_t offset, uint64_t n);
   // Blocks until the transport has released every payload this collective sent.
   void wait_sends_released();
@@ -76,6 +96,8 @@ class Collective {
   uint32_t root_;
   std::optional<Reduction> reduction_;
   Schedule schedule_ = Schedule::Ring;
+  DType wire_;                // dtype_ unless use_wire_dtype() narrows
+  std::vector<bool> remote_;  // by rank: on another host
   int64_t tag_ = 0;
 };
 

@@ -8,6 +8,7 @@
 #include "algorithms/copy_kernels.h"
 #include "algorithms/element_runs.h"
 #include "algorithms/reduce_kernels.h"
+#include "algorithms/wire_kernels.h"
 
 namespace tgpg {
 namespace {
@@ -58,6 +59,14 @@ void for_each_chunk(const Collective& c, Range range, Fn&& fn) {
 
 void reduce_frame_into(const Collective& c, std::byte* buf, uint64_t offset, const ReceivedFrame& frame) {
   std::byte* dst = buf + offset * c.element_bytes();
+  if (frame.narrowed) {
+    // Widened and reduced in float32; the value is rounded again only where it is sent on.
+    const size_t wire_bytes = element_size(c.wire_dtype());
+    for_each_element_run(frame.payload, wire_bytes, [&](size_t first, const std::byte* src, size_t n) {
+      reduce_from_wire(dst + first * c.element_bytes(), src, n, c.wire_dtype(), c.reduce_op());
+    });
+    return;
+  }
   for_each_element_run(frame.payload, c.element_bytes(),
                        [&](size_t first, const std::byte* src, size_t n) {
                          reduce_into(dst + first * c.element_bytes(), src, n, c.dtype(), c.reduce_op());
@@ -72,6 +81,13 @@ constexpr uint64_t kCopyPastCacheMinBytes = uint64_t{4} << 20;
 
 void copy_frame_into(const Collective& c, std::byte* buf, uint64_t offset, const ReceivedFrame& frame) {
   std::byte* out = buf + offset * c.element_bytes();
+  if (frame.narrowed) {
+    const size_t wire_bytes = element_size(c.wire_dtype());
+    for_each_element_run(frame.payload, wire_bytes, [&](size_t first, const std::byte* src, size_t n) {
+      widen_from_wire(out + first * c.element_bytes(), src, n, c.wire_dtype());
+    });
+    return;
+  }
   if (c.count() * c.element_bytes() >= kCopyPastCacheMinBytes) {
     frame.copy_payload_to(out, copy_past_cache);
   } else {
@@ -88,11 +104,15 @@ void copy_bytes(std::byte* dst, const std::byte* src, size_t bytes) {
 int ring_index(int value, int world) { return ((value % world) + world) % world; }
 
 // Every rank sends its whole buffer to every peer and reduces the world's
-// buffers in rank order, so all ranks compute bit-identical results.
+// buffers in rank order, so all ranks compute bit-identical results. When
+// links between hosts narrow, each rank first rounds its own buffer through
+// the wire dtype: every rank then reduces the same values, whichever link
+// each came over.
 void direct_allreduce(Collective& c, std::byte* buf) {
   const uint64_t n = c.count();
   const size_t bytes = n * c.element_bytes();
   const Range all{0, n};
+  c.round_to_wire(buf, 0, n);
   for (int peer = 0; peer < c.world(); ++peer) {
     if (peer != c.rank()) for_each_chunk(c, all, [&](uint64_t off, uint64_t len) { c.send(peer, buf, off, len); });
   }
@@ -119,6 +139,9 @@ void direct_allreduce(Collective& c, std::byte* buf) {
 // so that it ends up holding the reduced segment (position + 1 - shift). Each
 // received chunk is reduced and passed on at once; with `send_final` the
 // finished segment is passed on too, which is the first step of an allgather.
+// Partial sums are rounded to the wire dtype only on the links that narrow;
+// the finished segment, which every rank will hold, is rounded by its owner
+// before it goes anywhere, so that no link changes it afterwards.
 void ring_reduce_scatter(Collective& c, const Ring& ring, std::byte* buf, Range range, int shift,
                          bool send_final) {
   const int p = ring.position;
@@ -130,6 +153,7 @@ void ring_reduce_scatter(Collective& c, const Ring& ring, std::byte* buf, Range 
     for_each_chunk(c, segment(range, w, ring_index(p - shift - step - 1, w)), [&](uint64_t off, uint64_t len) {
       ReceivedFrame frame = c.recv(ring.prev(), off, len);
       reduce_frame_into(c, buf, off, frame);
+      if (send_final && step == w - 2) c.round_to_wire(buf, off, len);
       if (forward) c.send(ring.next(), buf, off, len);
     });
   }
@@ -201,6 +225,9 @@ void broadcast(Collective& c, std::byte* buf, size_t direct_max_bytes) {
   const int successor = (root + 1) % w;
   const uint64_t ack_offset = c.count();
   const Range all{0, c.count()};
+  // What reaches another host is rounded; the root and the ranks on its host
+  // hold the same rounded values, or they would differ from the rest.
+  if (is_root) c.round_to_wire(buf, 0, c.count());
   if (c.count() * c.element_bytes() <= direct_max_bytes) {
     c.use_schedule(Collective::Schedule::Direct);
     if (is_root) {
@@ -243,6 +270,8 @@ void allgather(Collective& c, std::byte* out) {
     const auto b = static_cast<uint64_t>(index);
     return Range{b * n, (b + 1) * n};
   };
+  // Every rank ends with the block as the other hosts receive it.
+  c.round_to_wire(out, block(r).begin, n);
   for_each_chunk(c, block(r), [&](uint64_t off, uint64_t len) { c.send(c.next(), out, off, len); });
   for (int step = 0; step < w - 1; ++step) {
     const bool forward = step < w - 2;

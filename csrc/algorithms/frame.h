@@ -39,6 +39,9 @@ struct ReceivedFrame {
   FrameHeader header;
   std::vector<ByteView> payload;
   std::shared_ptr<const void> owner;
+  // Set by Collective::recv: the payload holds the collective's float32
+  // values narrowed to its wire dtype (they came from another host).
+  bool narrowed = false;
 
   size_t payload_bytes() const;
   // Copies the payload's views one after another to `dst`, each with `copy`

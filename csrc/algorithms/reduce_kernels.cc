@@ -1,6 +1,7 @@
 #include "algorithms/reduce_kernels.h"
 
 #include "algorithms/half_kernels.h"
+#include "algorithms/half_scalar.h"
 
 #include <cstdint>
 #include <cstring>
@@ -64,21 +65,6 @@ struct Wrapping {
 template <typename T, typename F>
 TGPG_MULTIVERSION void reduce_plain(T* dst, const std::byte* src, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] = F::apply(dst[i], load<T>(src + i * sizeof(T)));
-}
-
-inline float bf16_to_float(uint16_t h) {
-  uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-inline uint16_t float_to_bf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);  // quiet NaN
-  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(bits >> 16);
 }
 
 template <typename F>

@@ -2,6 +2,11 @@
 
 namespace tgpg {
 
+void SendTracker::hold(std::shared_ptr<const void> memory) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  held_.push_back(std::move(memory));
+}
+
 void SendTracker::acquire(int dst) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto peer = static_cast<size_t>(dst);

@@ -19,6 +19,11 @@ class SendTracker {
  public:
   explicit SendTracker(std::shared_ptr<void> keepalive) : keepalive_(std::move(keepalive)) {}
 
+  // Keeps `memory` alive as long as the tracker: a payload the collective made
+  // for one send (a chunk narrowed to the wire dtype), which the transport may
+  // read until it releases it, even after the collective has failed.
+  void hold(std::shared_ptr<const void> memory);
+
   // A payload for `dst` handed to the transport, and given back by it.
   void acquire(int dst);
   void release(int dst);
@@ -40,6 +45,7 @@ class SendTracker {
  private:
   std::shared_ptr<void> keepalive_;
   std::mutex mutex_;
+  std::vector<std::shared_ptr<const void>> held_;
   std::condition_variable changed_;
   size_t outstanding_ = 0;
   std::vector<size_t> outstanding_by_peer_;  // indexed by rank, grown on demand

@@ -38,6 +38,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allreduce(std::vector<at::Tenso
         } else {
           Collective c = collective(OpType::Allreduce, seq, dtype, count, timeout, keep_alive({stage->host()}),
                                     /*root=*/0, reduce_op.reduction);
+          narrow_between_hosts(c);
           tgpg::allreduce(c, stage->data(), options_.direct_max_bytes, hosts_);
           c.wait_sends_released();
         }
@@ -70,6 +71,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allreduce_coalesced(
                    Collective c = collective(OpType::AllreduceCoalesced, seq, dtype,
                                              static_cast<uint64_t>(packed.numel()), timeout, keep_alive({packed}),
                                              /*root=*/0, reduce_op.reduction);
+                   narrow_between_hosts(c);
                    tgpg::allreduce(c, static_cast<std::byte*>(packed.data_ptr()), options_.direct_max_bytes, hosts_);
                    c.wait_sends_released();
                    if (reduce_op.reduction.average) packed.div_(size_);
@@ -88,17 +90,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::broadcast(std::vector<at::Tenso
   TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < size_, where, ": root rank ", opts.rootRank,
               " is not in [0, ", size_, ").");
   const at::Tensor& tensor = tensors[0];
-  // Only the other ranks write into it.
-  if (rank_ == opts.rootRank) check_dense(tensor, where);
-  else check_output(tensor, where);
   const DType dtype = to_dtype(tensor.scalar_type(), where);
+  // Only the other ranks write into it, unless float32 goes to other hosts
+  // narrowed: then the root keeps the rounded values that they receive.
+  const bool root_writes = narrows_between_hosts(dtype);
+  if (rank_ == opts.rootRank && !root_writes) check_dense(tensor, where);
+  else check_output(tensor, where);
   const auto root = static_cast<uint32_t>(opts.rootRank);
   auto stage = std::make_shared<HostStage>(tensor, /*copy_in=*/rank_ == opts.rootRank);
   const auto count = static_cast<uint64_t>(tensor.numel());
   const size_t bytes = count * element_size(dtype);
   return enqueue(
       c10d::OpType::BROADCAST, "grpc:broadcast", tensors, tensors, timeout_of(opts.timeout),
-      [this, stage, dtype, count, root, bytes](uint64_t seq, std::chrono::milliseconds timeout) {
+      [this, stage, dtype, count, root, bytes, root_writes](uint64_t seq, std::chrono::milliseconds timeout) {
         stage->wait_ready();
         if (on_segment(bytes)) {
           const OpDescriptor d = descriptor(OpType::Broadcast, seq, dtype, count, root);
@@ -107,10 +111,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::broadcast(std::vector<at::Tenso
           count_segment_bytes(root_here ? bytes : 0, root_here ? 0 : bytes);
         } else {
           Collective c = collective(OpType::Broadcast, seq, dtype, count, timeout, keep_alive({stage->host()}), root);
+          narrow_between_hosts(c);
           tgpg::broadcast(c, stage->data(), options_.direct_max_bytes);
           c.wait_sends_released();
         }
-        if (static_cast<uint32_t>(rank_) != root) stage->write_back();
+        if (static_cast<uint32_t>(rank_) != root || root_writes) stage->write_back();
       },
       run_here(waited_at_once(opts), bytes, tensor));
 }
@@ -152,6 +157,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allgather(std::vector<std::vect
           gathered.narrow(0, rank_ * n, n).copy_(in->host().reshape({-1}));
           Collective c =
               collective(OpType::Allgather, seq, dtype, static_cast<uint64_t>(n), timeout, keep_alive({gathered}));
+          narrow_between_hosts(c);
           tgpg::allgather(c, static_cast<std::byte*>(gathered.data_ptr()));
           c.wait_sends_released();
         }
@@ -187,6 +193,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::_allgather_base(at::Tensor& out
           flat.narrow(0, rank_ * n, n).copy_(in->host().reshape({-1}));
           Collective c =
               collective(OpType::Allgather, seq, dtype, static_cast<uint64_t>(n), timeout, keep_alive({out->host()}));
+          narrow_between_hosts(c);
           tgpg::allgather(c, out->data());
           c.wait_sends_released();
         }

@@ -247,6 +247,8 @@ std::string ProcessGroupGrpc::connect_peers(const c10::intrusive_ptr<c10d::Store
     messenger_->set_peer_endpoints(endpoints);
     p2p_->set_peer_endpoints(endpoints);
     hosts_ = HostLayout(messenger_->host_ids());
+    remote_.assign(static_cast<size_t>(size_), false);
+    for (int r = 0; r < size_ && hosts_.world() == size_; ++r) remote_[r] = hosts_.host_of(r) != hosts_.host_of(rank_);
   } catch (const std::exception& e) {
     return message_of(e);
   }
@@ -283,6 +285,19 @@ std::chrono::milliseconds ProcessGroupGrpc::timeout_of(std::chrono::milliseconds
 
 std::string ProcessGroupGrpc::where(const char* op) const {
   return std::string(op) + " on rank " + std::to_string(rank_);
+}
+
+void ProcessGroupGrpc::narrow_between_hosts(Collective& c) const {
+  if (narrows_between_hosts(c.dtype())) c.use_wire_dtype(options_.wire_dtype, remote_);
+}
+
+bool ProcessGroupGrpc::narrows_between_hosts(DType dtype) const {
+  if (dtype != DType::Float32 || options_.wire_dtype == DType::Float32) return false;
+  if (remote_.size() != static_cast<size_t>(size_)) return false;
+  for (bool remote : remote_) {
+    if (remote) return true;
+  }
+  return false;
 }
 
 Collective ProcessGroupGrpc::collective(OpType op, uint64_t seq, DType dtype, uint64_t count,

@@ -30,6 +30,9 @@ struct BackendOptions {
   TransportConfig transport;
   size_t chunk_bytes = 2 << 20;        // ring pipelining granularity
   size_t direct_max_bytes = 64 << 10;  // at or below: one round trip to every peer instead of the ring
+  // What float32 all_reduce, reduce_scatter, all_gather and broadcast send as
+  // on links between hosts: Float32 (as they are), BFloat16 or Float16.
+  DType wire_dtype = DType::Float32;
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   std::string group_name;
 };
@@ -161,6 +164,11 @@ class ProcessGroupGrpc : public c10d::Backend {
   void check_peer(int peer, const std::string& where, const char* role) const;
   // Takes the next message from `src` into `stage`; source_lock(src) held.
   void receive_message(int src, int tag, const std::string& where, HostStage& stage, std::chrono::milliseconds timeout);
+  // Lets `c`, a float32 op of the four that take wire_dtype, narrow its chunks
+  // on links between hosts.
+  void narrow_between_hosts(Collective& c) const;
+  // Whether narrow_between_hosts() narrows an op on `dtype` in this group.
+  bool narrows_between_hosts(DType dtype) const;
   Collective collective(OpType op, uint64_t seq, DType dtype, uint64_t count,
                         std::chrono::milliseconds timeout, std::shared_ptr<void> keepalive,
                         uint32_t root = 0, std::optional<Reduction> reduction = std::nullopt);
@@ -241,6 +249,8 @@ class ProcessGroupGrpc : public c10d::Backend {
   HostLayout hosts_;
   // The group's shared segment, when every rank lives on this host and mapped it.
   std::unique_ptr<SegmentGroup> segment_;
+  // By rank: on another host than this rank (from hosts_), for wire_dtype.
+  std::vector<bool> remote_;
   // Ops issued between startCoalescing and endCoalescing.
   std::mutex coalescing_mutex_;
   bool coalescing_ = false;

@@ -196,6 +196,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::reduce_scatter_packed(at::Tenso
         } else {
           Collective c = collective(OpType::ReduceScatter, seq, dtype, static_cast<uint64_t>(n), timeout,
                                     keep_alive({packed}), /*root=*/0, reduce_op.reduction);
+          narrow_between_hosts(c);
           tgpg::reduce_scatter(c, bytes_of(packed));
           c.wait_sends_released();
         }

@@ -8,9 +8,10 @@
 namespace tgpg_test {
 
 tgpg::Collective make_collective(tgpg::Messenger& messenger, int rank, int world, const Call& call) {
-  return tgpg::Collective(messenger, rank, world, call.op, call.seq, call.dtype, call.count, call.timeout,
-                          call.chunk_bytes, std::make_shared<tgpg::SendTracker>(nullptr), call.root,
-                          call.reduction);
+  tgpg::Collective c(messenger, rank, world, call.op, call.seq, call.dtype, call.count, call.timeout,
+                     call.chunk_bytes, std::make_shared<tgpg::SendTracker>(nullptr), call.root, call.reduction);
+  if (!call.remote.empty()) c.use_wire_dtype(call.wire, call.remote);
+  return c;
 }
 
 std::string describe(const Call& call) {

@@ -23,6 +23,9 @@ struct Call {
   std::optional<tgpg::Reduction> reduction;
   uint64_t seq = 1;
   std::chrono::milliseconds timeout{10000};
+  // Collective::use_wire_dtype(wire, remote) when `remote` is not empty.
+  tgpg::DType wire = tgpg::DType::Float32;
+  std::vector<bool> remote;
 };
 
 tgpg::Collective make_collective(tgpg::Messenger& messenger, int rank, int world, const Call& call);
