@@ -24,6 +24,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -75,7 +76,15 @@ def _timed(base: type) -> type:
     return Timed
 
 
-def replica(replica_id: int, backend: str, lighthouse: str, steps: int) -> int:
+def _stop_step(stop_file: str) -> int | None:
+    try:
+        with open(stop_file) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def replica(replica_id: int, backend: str, lighthouse: str, stop_file: str) -> int:
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -99,7 +108,12 @@ def replica(replica_id: int, backend: str, lighthouse: str, steps: int) -> int:
     def load_state_dict(state: dict[str, Any]) -> None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optim"])
-        _emit(kind="healed", replica=replica_id, step=manager.current_step())
+        _emit(
+            kind="healed",
+            replica=replica_id,
+            step=manager.current_step(),
+            t=time.time(),
+        )
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     manager = Manager(
@@ -118,9 +132,15 @@ def replica(replica_id: int, backend: str, lighthouse: str, steps: int) -> int:
         quorum_timeout=timedelta(seconds=30),
     )
     ddp = DistributedDataParallel(manager, model)
+    stop: int | None = None
     try:
-        while manager.current_step() < steps:
+        while True:
             step = manager.current_step()
+            # Every replica stops at the same step, which the launcher names a few steps
+            # ahead: one that left early would fail the others' step.
+            stop = stop if stop is not None else _stop_step(stop_file)
+            if stop is not None and step >= stop:
+                break
             # Each replica its own shard of each step's data, whatever happened before.
             data = torch.Generator().manual_seed(step * REPLICAS + replica_id)
             x = torch.randn(64, 16, generator=data)
@@ -155,6 +175,7 @@ class Run:
     backend: str
     kill_time: float | None = None
     kill_to_commit: float | None = None
+    restart_time: float | None = None
     healed_at: int | None = None
     configures: list[float] = field(default_factory=list)
     first_allreduces: list[float] = field(default_factory=list)
@@ -162,10 +183,9 @@ class Run:
     ok: bool = False
 
 
-def _start(replica_id: int, backend: str, lighthouse: str, steps: int, events: Any):
+def _start(replica_id: int, backend: str, lighthouse: str, stop_file: str, events: Any):
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("RUST_LOG", "error")  # torchft's lighthouse client logs every quorum
     command = [
         sys.executable,
         "-m",
@@ -176,8 +196,8 @@ def _start(replica_id: int, backend: str, lighthouse: str, steps: int, events: A
         backend,
         "--lighthouse",
         lighthouse,
-        "--steps",
-        str(steps),
+        "--stop-file",
+        stop_file,
     ]
     proc = subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -196,34 +216,66 @@ def _start(replica_id: int, backend: str, lighthouse: str, steps: int, events: A
     return proc
 
 
-def run_backend(
-    backend: str, steps: int, kill_at: int, restart_after: float, timeout: float
-) -> Run:
+def serve_lighthouse() -> int:
+    """A torchft lighthouse in a process of its own, whose log (a line per quorum) goes
+    nowhere; prints its address and serves until its stdin closes."""
     from torchft._torchft import LighthouseServer
 
-    run = Run(backend)
     lighthouse = LighthouseServer(
         bind="[::]:0",
         min_replicas=2,
         join_timeout_ms=JOIN_TIMEOUT_MS,
         heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
     )
+    print(lighthouse.address(), flush=True)
+    sys.stdin.read()
+    lighthouse.shutdown()
+    return 0
+
+
+def _start_lighthouse() -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch_grpc_pg.demo_ft", "--serve-lighthouse"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    address = proc.stdout.readline().strip()
+    if not address:
+        raise RuntimeError("the torchft lighthouse did not start")
+    return proc, address
+
+
+def run_backend(
+    backend: str,
+    steps: int,
+    kill_at: int,
+    restart_after: float,
+    steps_after_heal: int,
+    timeout: float,
+    work_dir: str,
+) -> Run:
+    run = Run(backend)
+    lighthouse_proc, lighthouse = _start_lighthouse()
+    stop_file = os.path.join(work_dir, f"stop-{backend}")
     events: queue.Queue[tuple[int, dict[str, Any]]] = queue.Queue()
     procs = {
-        r: _start(r, backend, lighthouse.address(), steps, events)
-        for r in range(REPLICAS)
+        r: _start(r, backend, lighthouse, stop_file, events) for r in range(REPLICAS)
     }
     restart_at: float | None = None
+    # Replica 0's commits with every replica taking part, after the heal.
+    whole_again = 0
     deadline = time.monotonic() + timeout
     finished: set[int] = set()
     try:
         while len(finished) < REPLICAS and time.monotonic() < deadline:
             if restart_at is not None and time.monotonic() >= restart_at:
                 restart_at = None
+                run.restart_time = time.time()
                 print(f"  -- replica {VICTIM} restarted", flush=True)
-                procs[VICTIM] = _start(
-                    VICTIM, backend, lighthouse.address(), steps, events
-                )
+                procs[VICTIM] = _start(VICTIM, backend, lighthouse, stop_file, events)
             try:
                 source, event = events.get(timeout=0.1)
             except queue.Empty:
@@ -234,15 +286,19 @@ def run_backend(
                     code = event["proc"].wait()
                     if code == 0:
                         finished.add(source)
-                    elif not (source == VICTIM and run.kill_time and code < 0):
+                    elif source != VICTIM or run.kill_time is None or code != -9:
                         print(f"  replica {source} exited with code {code}")
                         return run
                 continue
             if kind == "healed":
-                run.healed_at = event["step"]
+                # A replica that starts late heals too; the run waits for the victim's.
+                after = ""
+                if source == VICTIM and run.restart_time is not None:
+                    run.healed_at = event["step"]
+                    after = f", {event['t'] - run.restart_time:.1f} s after its restart"
                 print(
                     f"  -- replica {event['replica']} healed from a live replica "
-                    f"at step {event['step']}",
+                    f"at step {event['step']}{after}",
                     flush=True,
                 )
             elif source == 0 and kind == "configure":
@@ -251,15 +307,27 @@ def run_backend(
                 run.first_allreduces.append(event["seconds"])
             elif source == 0 and kind == "step":
                 _print_step(run, event)
-                if event["committed"]:
-                    run.final_loss = event["loss"]
-                    if run.kill_time is None and event["step"] + 1 >= kill_at:
-                        procs[VICTIM].send_signal(signal.SIGKILL)
-                        run.kill_time = time.time()
-                        restart_at = time.monotonic() + restart_after
-                        print(f"  -- replica {VICTIM} killed (SIGKILL)", flush=True)
-                    elif run.kill_time and run.kill_to_commit is None:
-                        run.kill_to_commit = event["t"] - run.kill_time
+                if not event["committed"]:
+                    continue
+                run.final_loss = event["loss"]
+                if (
+                    run.kill_time is None
+                    and event["step"] + 1 >= kill_at
+                    and event["participants"] == REPLICAS
+                ):
+                    procs[VICTIM].send_signal(signal.SIGKILL)
+                    run.kill_time = time.time()
+                    restart_at = time.monotonic() + restart_after
+                    print(f"  -- replica {VICTIM} killed (SIGKILL)", flush=True)
+                elif run.kill_time and run.kill_to_commit is None:
+                    run.kill_to_commit = event["t"] - run.kill_time
+                if run.healed_at is not None and event["participants"] == REPLICAS:
+                    whole_again += 1
+                    if whole_again == steps_after_heal:
+                        # A few steps ahead, so that every replica reads it in time.
+                        stop = max(steps, event["step"] + 4)
+                        with open(stop_file, "w") as f:
+                            f.write(str(stop))
         run.ok = len(finished) == REPLICAS
         if not run.ok:
             print(f"  timed out after {timeout:.0f} s")
@@ -269,7 +337,7 @@ def run_backend(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        lighthouse.shutdown()
+        lighthouse_proc.communicate(timeout=10)
 
 
 def _print_step(run: Run, event: dict[str, Any]) -> None:
@@ -324,16 +392,28 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--backends", default="grpc,gloo")
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=40, help="at least this many")
     parser.add_argument("--kill-at", type=int, default=15, help="step of the kill")
     parser.add_argument("--restart-after", type=float, default=1.0, help="seconds")
     parser.add_argument("--timeout", type=float, default=180.0, help="per backend, s")
+    parser.add_argument(
+        "--steps-after-heal",
+        type=int,
+        default=10,
+        help="steps of all replicas after the heal, before the run ends",
+    )
     parser.add_argument("--replica", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     parser.add_argument("--lighthouse", help=argparse.SUPPRESS)
+    parser.add_argument("--stop-file", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--serve-lighthouse", action="store_true", help=argparse.SUPPRESS
+    )
     args = parser.parse_args(argv)
+    if args.serve_lighthouse:
+        return serve_lighthouse()
     if args.replica is not None:
-        return replica(args.replica, args.backend, args.lighthouse, args.steps)
+        return replica(args.replica, args.backend, args.lighthouse, args.stop_file)
 
     try:
         import torchft  # noqa: F401
@@ -349,9 +429,16 @@ def main(argv: list[str] | None = None) -> int:
             f"replica {VICTIM} is killed at step {args.kill_at}",
             flush=True,
         )
-        runs[backend] = run_backend(
-            backend, args.steps, args.kill_at, args.restart_after, args.timeout
-        )
+        with tempfile.TemporaryDirectory(prefix="torch-grpc-pg-demo-ft-") as work_dir:
+            runs[backend] = run_backend(
+                backend,
+                args.steps,
+                args.kill_at,
+                args.restart_after,
+                args.steps_after_heal,
+                args.timeout,
+                work_dir,
+            )
     summary(runs)
     return 0 if all(r.ok and r.kill_to_commit for r in runs.values()) else 1
 
