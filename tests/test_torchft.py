@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -162,6 +163,31 @@ def test_configure_builds_a_new_group_on_each_prefix_in_bounded_time() -> None:
         assert max(result.value) < CONFIGURE_BOUND_S, result.value
 
 
+def _configure_without_a_peer(ctx: RankContext) -> tuple[float, str]:
+    """Rank 2 never comes to the quorum's group: configure() on the others fails within
+    the group's timeout, naming it."""
+    from torch_grpc_pg.torchft import ProcessGroupGrpc
+
+    if ctx.rank == 2:
+        return 0.0, ""
+    pg = ProcessGroupGrpc(timeout=timedelta(seconds=3))
+    start = time.perf_counter()
+    try:
+        pg.configure(_store_addr(ctx, "torchft/0/0"), str(ctx.rank), ctx.rank, 3)
+    except RuntimeError as exc:
+        return time.perf_counter() - start, str(exc)
+    return time.perf_counter() - start, "configure() returned"
+
+
+def test_configure_fails_within_the_timeout_when_a_peer_never_comes() -> None:
+    results = run_ranks(_configure_without_a_peer, 3, timeout_s=120)
+    for result in results[:2]:
+        took, error = result.value
+        assert "rank 2 did not publish an address" in error, error
+        # The connect timeout (3 s) and the report round after it, with slack for 2 cores.
+        assert took < 3 + 5, took
+
+
 def _lose_a_peer(ctx: RankContext) -> dict[str, object]:
     """Rank 2 dies; ranks 0 and 1 see it in errored() without calling anything, abort in
     bounded time, and go on in a group of two on the next prefix."""
@@ -213,3 +239,35 @@ def test_a_dead_peer_shows_in_errored_abort_is_bounded_and_the_next_group_works(
         assert value["after_abort"] == value["seen"], value
         assert value["sum"] == [2.0] * 4, value
         assert value["healthy_again"] is None, value
+
+
+def _baby_ranks(ctx: RankContext) -> dict[int, list[float]]:
+    """Both ranks of a ProcessGroupBabyGrpc on threads of one process, each group in a
+    subprocess of its own (spawned by torchft)."""
+    from torch.distributed import AllreduceOptions
+
+    from torch_grpc_pg.torchft import ProcessGroupBabyGrpc
+
+    results: dict[int, list[float]] = {}
+
+    def rank_main(rank: int) -> None:
+        pg = ProcessGroupBabyGrpc(timeout=timedelta(seconds=120))
+        try:
+            pg.configure(_store_addr(ctx, "baby/0"), str(rank), rank, 2)
+            x = torch.full((3,), float(rank + 1))
+            pg.allreduce([x], AllreduceOptions()).wait()
+            results[rank] = x.tolist()
+        finally:
+            pg.shutdown()
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def test_the_subprocess_variant_reduces_across_its_subprocesses() -> None:
+    (result,) = run_ranks(_baby_ranks, 1, timeout_s=240)
+    assert result.value == {0: [3.0] * 3, 1: [3.0] * 3}
