@@ -84,6 +84,35 @@ def test_compare_fails_a_run_that_did_not_use_grpc() -> None:
     ]
 
 
+def test_a_grpc_failure_runs_again_and_counts_only_if_it_then_passes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    reruns: list[list[str] | None] = []
+
+    def fake_run(
+        backend: str,
+        keyword: str | None,
+        out_dir: Path,
+        verbose: bool,
+        targets: list[str] | None = None,
+        label: str = "",
+    ) -> tuple[dict[str, dict[str, object]], float]:
+        reruns.append(targets)
+        # "a" was a flake and passes now; "b" fails every time.
+        return {
+            "T::a": _outcome(PASSED, file="f"),
+            "T::b": _outcome(FAILED, file="f"),
+        }, 0.0
+
+    monkeypatch.setattr(_runner, "run_backend", fake_run)
+    gloo = {"T::a": _outcome(PASSED), "T::b": _outcome(PASSED)}
+    grpc = {"T::a": _outcome(FAILED, file="f"), "T::b": _outcome(FAILED, file="f")}
+    notes = _runner.rerun_shortfalls(gloo, grpc, tmp_path, False)
+    assert reruns == [["f::T::a", "f::T::b"], ["f::T::b"]]
+    assert notes == ["T::a: failed with grpc (boom), passed when run again (1)"]
+    assert compare(gloo, grpc) == ["T::b: passes with gloo, failed with grpc: boom"]
+
+
 @pytest.mark.timeout(900)
 def test_torchft_integration_tests_pass_with_grpc_as_with_gloo(
     tmp_path: Path,

@@ -9,7 +9,9 @@ torchft's tests (manager_integ_test.py, local_sgd_integ_test.py in the installed
 torchft) run in a pytest process per backend, with swap.py putting the backend's
 torchft process group where they build ProcessGroupGloo. Then, per test:
 
-* a test that passes with gloo must pass with grpc;
+* a test that passes with gloo must pass with grpc (one that fails with grpc runs again,
+  alone, up to twice: torchft's quorum timeouts fail a test now and then on a loaded
+  machine, with either backend; a pass on a rerun is reported);
 * a test that fails with grpc fails the run unless it fails with gloo too;
 * a test that built torchft's group under gloo must have built grpc's under grpc,
   configured it as often as it was configured at all, and only grpc's.
@@ -35,6 +37,7 @@ BACKENDS = ("gloo", "grpc")
 MODULES = ("manager_integ_test.py", "local_sgd_integ_test.py")
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 GRPC_GROUP_NAME = "torchft-grpc"
+RERUNS = 2
 
 Outcomes = dict[str, dict[str, Any]]
 
@@ -46,10 +49,16 @@ def torchft_dir() -> Path:
 
 
 def run_backend(
-    backend: str, keyword: str | None, out_dir: Path, verbose: bool
+    backend: str,
+    keyword: str | None,
+    out_dir: Path,
+    verbose: bool,
+    targets: list[str] | None = None,
+    label: str = "",
 ) -> tuple[Outcomes, float]:
-    results = out_dir / f"{backend}.json"
-    log = out_dir / f"{backend}.log"
+    """One pytest process: the modules (or `targets`, test ids) under `backend`."""
+    results = out_dir / f"{backend}{label}.json"
+    log = out_dir / f"{backend}{label}.log"
     env = {
         **os.environ,
         "TORCHFT_SUITE_BACKEND": backend,
@@ -63,7 +72,7 @@ def run_backend(
         sys.executable,
         "-m",
         "pytest",
-        *(str(torchft_dir() / m) for m in MODULES),
+        *(targets or [str(torchft_dir() / m) for m in MODULES]),
         "-p",
         "swap",
         "-p",
@@ -114,6 +123,43 @@ def compare(gloo: Outcomes, grpc: Outcomes) -> list[str]:
     return violations
 
 
+def shortfalls(gloo: Outcomes, grpc: Outcomes) -> list[str]:
+    return sorted(
+        name
+        for name, theirs in gloo.items()
+        if theirs["result"] == PASSED
+        and grpc.get(name, {}).get("result") == FAILED
+        and grpc[name].get("file")
+    )
+
+
+def rerun_shortfalls(
+    gloo: Outcomes, grpc: Outcomes, out_dir: Path, verbose: bool
+) -> list[str]:
+    """torchft's tests that wait on its quorum with a 10 s timeout fail now and then on a
+    loaded machine, with gloo as with grpc (test_streaming_diloco_upscale, once in about
+    200 runs of it). A test that passes with gloo and fails with grpc runs again, alone,
+    up to RERUNS times; one that passes then counts as passed, and is reported."""
+    notes = []
+    for attempt in range(1, RERUNS + 1):
+        names = shortfalls(gloo, grpc)
+        if not names:
+            break
+        targets = [f"{grpc[n]['file']}::{n}" for n in names]
+        again, _ = run_backend(
+            "grpc", None, out_dir, verbose, targets, label=f"-rerun{attempt}"
+        )
+        for name in names:
+            outcome = again.get(name)
+            if outcome and outcome["result"] == PASSED:
+                notes.append(
+                    f"{name}: failed with grpc ({grpc[name]['message']}), "
+                    f"passed when run again ({attempt})"
+                )
+                grpc[name] = outcome
+    return notes
+
+
 def counts(outcomes: Outcomes) -> str:
     tally = dict.fromkeys((PASSED, FAILED, SKIPPED), 0)
     for outcome in outcomes.values():
@@ -138,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
                 backend, args.keyword, out_dir, args.verbose
             )
             print(f"{backend}: {counts(outcomes[backend])} in {elapsed:.0f} s")
+        for note in rerun_shortfalls(
+            outcomes["gloo"], outcomes["grpc"], out_dir, args.verbose
+        ):
+            print("RERUN", note)
         violations = compare(outcomes["gloo"], outcomes["grpc"])
         if violations and not args.verbose:
             print(f"logs: {out_dir / 'grpc.log'}" if args.out else "")

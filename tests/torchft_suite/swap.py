@@ -84,6 +84,7 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
         _names.clear()
     yield
     with _lock:
+        item.user_properties.append(("file", str(item.path)))
         item.user_properties.append(("instances", _instances))
         item.user_properties.append(("configures", _configures))
         item.user_properties.append(("backends", sorted(_names)))
@@ -104,6 +105,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         "result": result,
         "message": message,
         "seconds": round(report.duration, 3),
+        "file": props.get("file", ""),
         "instances": props.get("instances", 0),
         "configures": props.get("configures", 0),
         "backends": props.get("backends", []),
