@@ -121,20 +121,27 @@ def test_torchft_integration_tests_pass_with_grpc_as_with_gloo(
     healthy and recovering (one and two ranks per replica), quorum timeout, LocalSGD,
     DiLoCo and streaming DiLoCo recovering, with grpc where they use gloo."""
     out = tmp_path / "outcomes.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(SUITE / "run.py"),
-            "--json",
-            str(out),
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
+    command = [sys.executable, str(SUITE / "run.py"), "--json", str(out)]
+    proc = subprocess.Popen(
+        [*command, "--out", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=840,
+        start_new_session=True,
     )
-    assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-2000:]
+    try:
+        stdout, _ = proc.communicate(timeout=840)
+    finally:
+        if proc.poll() is None:
+            # SIGTERM first: the runner then kills the pytest process it runs, which has
+            # a session of its own.
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    assert proc.returncode == 0, stdout[-8000:]
     outcomes = json.loads(out.read_text())
     passed = {
         backend: sorted(n for n, o in tests.items() if o["result"] == PASSED)
@@ -148,7 +155,7 @@ def test_torchft_integration_tests_pass_with_grpc_as_with_gloo(
         "LocalSGDIntegTest::test_streaming_diloco_recovery_0",
     ):
         assert name in passed["grpc"], (name, passed)
-    print(proc.stdout)
+    print(stdout)
 
 
 # ---------------------------------------------------------------- the group on its own

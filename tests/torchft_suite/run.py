@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,9 @@ MODULES = ("manager_integ_test.py", "local_sgd_integ_test.py")
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 GRPC_GROUP_NAME = "torchft-grpc"
 RERUNS = 2
+# torchft's slowest test here takes about 6 s on 2 busy cores; its own timeouts are 10 s.
+TEST_TIMEOUT_S = 120
+RUN_TIMEOUT_S = 600  # one backend's pytest process, all tests
 
 Outcomes = dict[str, dict[str, Any]]
 
@@ -77,21 +81,33 @@ def run_backend(
         "swap",
         "-p",
         "no:cacheprovider",
-        "-q",
+        "-v",  # the log names each test as it starts: a hang shows where
         "-rfE",
+        # A hung test fails alone instead of stalling the run (pytest-timeout).
+        f"--timeout={TEST_TIMEOUT_S}",
     ]
     if keyword:
         command += ["-k", keyword]
     start = time.monotonic()
     with log.open("w") as log_file:
-        subprocess.run(
+        # A session of its own: on a timeout, or when this runner is stopped, the whole
+        # pytest process goes, threads and ports included (the tests bind fixed ports).
+        proc = subprocess.Popen(
             command,
             env=env,
             cwd=out_dir,
             stdout=None if verbose else log_file,
             stderr=None if verbose else subprocess.STDOUT,
-            check=False,
+            start_new_session=True,
         )
+        try:
+            proc.wait(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            log_file.write(f"\nkilled after {RUN_TIMEOUT_S} s\n")
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     elapsed = time.monotonic() - start
     if not results.exists():
         raise SystemExit(f"{backend}: pytest wrote no results; see {log}")
@@ -202,4 +218,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # SIGTERM (a test's timeout, make's) ends this process through its finally blocks,
+    # which take the running pytest process down with it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(main())
