@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 BENCH_USER_ARGS ?=
 
-.PHONY: all build test conformance demo bench lint format clean system-deps
+.PHONY: all build test conformance demo demo-ft bench lint format clean system-deps
 
 all: build
 
@@ -62,6 +62,10 @@ conformance: build
 
 demo: build
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m torch_grpc_pg.demo
+
+# torchft: three replica groups, one killed and restarted mid-run, under grpc then gloo.
+demo-ft: build
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m torch_grpc_pg.demo --fault-tolerant
 
 # Both modes: interleaved in shared processes (collectives.py), and each backend as the
 # default group of its own processes, as a training script runs it (user_mode.py).

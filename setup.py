@@ -207,6 +207,8 @@ setup(
         "protobuf",
         "numpy",
     ],
+    # torch_grpc_pg.torchft and the fault-tolerant demo; 0.2.0 is the release tested.
+    extras_require={"torchft": ["torchft>=0.2.0"]},
     ext_modules=[extension],
     cmdclass={"build_ext": BuildWithTransport.with_options(use_ninja=True)},
 )

@@ -78,6 +78,26 @@ def _grpc_devices() -> list[str] | None:
     return list(devices)
 
 
+def _new_backend(
+    store: Any,
+    rank: int,
+    size: int,
+    timeout: Any,
+    group_name: str,
+    options: Options,
+) -> _C.ProcessGroupGrpc:
+    """A grpc backend for one group on this rank; also what torch_grpc_pg.torchft builds
+    each quorum, outside torch.distributed's registry."""
+    kwargs = options.as_kwargs(_C.running_server_settings())
+    if not kwargs["bind_host"] or not kwargs["advertise_host"]:
+        bind_host, advertise_host = _default_addresses(store)
+        kwargs["bind_host"] = kwargs["bind_host"] or bind_host
+        kwargs["advertise_host"] = kwargs["advertise_host"] or advertise_host
+    backend = _C.ProcessGroupGrpc(store, rank, size, timeout, group_name, **kwargs)
+    _options_of_group[backend.group_key] = Options(**kwargs)
+    return backend
+
+
 def _create_backend(
     dist_options: Any, backend_options: Any
 ) -> _C.ProcessGroupGrpc | _C.GrpcProcessGroup:
@@ -90,20 +110,14 @@ def _create_backend(
         raise TypeError(
             f"grpc backend: pg_options must be a torch_grpc_pg.Options, got {type(backend_options).__name__}"
         )
-    kwargs = options.as_kwargs(_C.running_server_settings())
-    if not kwargs["bind_host"] or not kwargs["advertise_host"]:
-        bind_host, advertise_host = _default_addresses(dist_options.store)
-        kwargs["bind_host"] = kwargs["bind_host"] or bind_host
-        kwargs["advertise_host"] = kwargs["advertise_host"] or advertise_host
-    backend = _C.ProcessGroupGrpc(
+    backend = _new_backend(
         dist_options.store,
         dist_options.group_rank,
         dist_options.group_size,
         dist_options.timeout,
         str(dist_options.group_id),
-        **kwargs,
+        options,
     )
-    _options_of_group[backend.group_key] = Options(**kwargs)
     devices = _grpc_devices()
     if devices is None:
         return backend

@@ -1,6 +1,7 @@
 """Train a small model with DDP on 2 local ranks over "grpc", then "gloo"; compare.
 
     python -m torch_grpc_pg.demo [--backends grpc,gloo] [--steps 200]
+    python -m torch_grpc_pg.demo --fault-tolerant    # torchft: a replica dies and heals (demo_ft.py)
 
 For each backend this launches torchrun on this file in worker mode; rank 0 prints the
 loss and the time per step as training goes, and a final summary compares the backends.
@@ -187,6 +188,11 @@ def compare(results: dict[str, dict[str, float] | None]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--fault-tolerant" in argv:
+        from torch_grpc_pg import demo_ft
+
+        return demo_ft.main([a for a in argv if a != "--fault-tolerant"])
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -94,7 +94,9 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("group_key", &tgpg::ProcessGroupGrpc::group_key,
                              "the key that names this group instance in link handshakes (not a secret)")
       .def_property_readonly("unix_socket", &tgpg::ProcessGroupGrpc::unix_socket,
-                             "path of the unix socket peers on this host use, or '' when off");
+                             "path of the unix socket peers on this host use, or '' when off")
+      .def_property_readonly("failure", &tgpg::ProcessGroupGrpc::failure,
+                             "why the group failed (a peer's death or abort, a timeout, abort()), or ''");
 
   py::class_<tgpg::GrpcProcessGroup, c10d::ProcessGroup, c10::intrusive_ptr<tgpg::GrpcProcessGroup>>(
       m, "GrpcProcessGroup", "A process group whose every device runs the grpc backend; its name() is 'grpc'.")

@@ -274,6 +274,16 @@ std::string ProcessGroupGrpc::tcp_address() const {
   return Endpoint::parse(messenger_->local_endpoint()).tcp;
 }
 
+std::string ProcessGroupGrpc::failure() const {
+  std::string reason = state_.failure();
+  if (!reason.empty()) return reason;
+  // A destroyed group's transport reports its own closing as a failure: not one.
+  if (state_.phase() == GroupState::Phase::Ready && messenger_ && messenger_->failed()) {
+    return messenger_->failure();
+  }
+  return "";
+}
+
 std::string ProcessGroupGrpc::unix_socket() const {
   return Endpoint::parse(messenger_->local_endpoint()).unix_path;
 }

@@ -63,6 +63,10 @@ class ProcessGroupGrpc : public c10d::Backend {
   // The key that names this group instance in every link handshake. It is
   // published in the store, so it is no secret; tools and tests use it.
   std::string group_key() const { return messenger_->group_key(); }
+  // Why the group failed, or "" while it is usable (or was destroyed without failing).
+  // Includes a failure the transport saw on its own (a peer's death or abort) before any
+  // call noticed it: torchft polls this between steps (torch_grpc_pg/torchft.py).
+  std::string failure() const;
   // c10d::Backend declares setTimeout from torch 2.9 on; before, it is this class's own.
 #if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 9
   void setTimeout(std::chrono::milliseconds timeout) override;

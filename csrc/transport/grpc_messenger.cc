@@ -245,7 +245,7 @@ void GrpcMessenger::shut_down() {
     shut_down_ = true;
     links.swap(links_);
   }
-  server_->unregister_group(group_key_);
+  server_->unregister_group(group_key_, rank_);
   mailbox_->shut_down();
   // All links at once under one deadline, so that destroying a group takes
   // the same bounded time at any world size.

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <vector>
@@ -166,16 +167,16 @@ void RankServer::register_group(const std::string& key, int rank, int world, siz
                                                          std::vector<std::string>(world)});
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    groups_[key] = std::move(group);
+    groups_[{key, rank}] = std::move(group);
     resize_quota();
   }
   refresh_health();
 }
 
-void RankServer::unregister_group(const std::string& key) {
+void RankServer::unregister_group(const std::string& key, int rank) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    groups_.erase(key);
+    groups_.erase({key, rank});
     resize_quota();
   }
   refresh_health();
@@ -223,8 +224,10 @@ std::shared_ptr<ServedGroup> RankServer::find_group(const std::string& key, int 
   std::shared_ptr<ServedGroup> group;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = groups_.find(key);
-    if (it != groups_.end()) group = it->second;
+    auto it = groups_.find({key, dst});
+    // Not here as `dst`: another rank of the group may be, which tells of stale addresses.
+    if (it == groups_.end()) it = groups_.lower_bound({key, std::numeric_limits<int>::min()});
+    if (it != groups_.end() && it->first.first == key) group = it->second;
   }
   if (!group) {
     *error = "no process group '" + key + "' on this rank (it was destroyed, or never created here)";

@@ -60,7 +60,7 @@ class RankServer {
 
   void register_group(const std::string& key, int rank, int world, size_t max_payload_bytes, std::string settings,
                       std::shared_ptr<Mailbox> mailbox, std::shared_ptr<GroupMonitor> monitor);
-  void unregister_group(const std::string& key);
+  void unregister_group(const std::string& key, int rank);
 
   // Every group's state, for an authenticated observer.
   std::vector<GroupSnapshot> snapshot() const;
@@ -91,7 +91,9 @@ class RankServer {
   std::unique_ptr<UnixListener> unix_listener_;  // after server_: it hands connections to it
   int port_ = 0;
   mutable std::mutex mutex_;
-  std::unordered_map<std::string, std::shared_ptr<ServedGroup>> groups_;
+  // By group key and rank: one process may hold several ranks of a group (torchft's
+  // tests run each replica as a thread), each with its own mailbox behind this server.
+  std::map<std::pair<std::string, int>, std::shared_ptr<ServedGroup>> groups_;
 };
 
 }  // namespace tgpg
