@@ -1,20 +1,24 @@
-"""Allreduce bus bandwidth of grpc and gloo between two "hosts" over a rate-limited link.
+"""Allreduce bus bandwidth of grpc and gloo between "hosts" over a rate-limited link.
 
     .venv/bin/python benchmarks/two_hosts.py                  # needs root and ip netns
     .venv/bin/python benchmarks/two_hosts.py --rates 1gbit --sizes 64M --runs 5
+    .venv/bin/python benchmarks/two_hosts.py --rates 1gbit --rtts 40     # a long link
+    .venv/bin/python benchmarks/two_hosts.py --rates 1gbit --hosts 4     # four hosts
 
-Two network namespaces joined by a veth pair (tests/two_hosts/netns.sh) stand for two
-machines; `tc tbf` limits each direction of the link to the given rate. Each run is one
-`torchrun --nnodes 2 --nproc-per-node 2` job across them that times both backends in the
-same processes, sample by sample in turn (benchmarks/collectives.py's measurement). With
-ranks 0,1 on one host and 2,3 on the other, a ring allreduce sends the same bytes over
-each direction of the link as over every other hop, so its bus bandwidth can reach the
-link rate: the table gives it as a fraction of that rate. Medians over the runs.
+Network namespaces stand for machines (tests/two_hosts/netns.sh): two on one veth pair,
+more on a bridge, and with a round-trip time (--rtts, in ms) behind a hub that holds every
+frame for half of it each way (tests/two_hosts/delay_hub.cc). `tc tbf` limits what each
+host sends to the given rate. Each run is one `torchrun --nnodes H --nproc-per-node 2` job
+across them that times both backends in the same processes, sample by sample in turn
+(benchmarks/collectives.py's measurement). With two ranks on each host, a ring allreduce
+sends the same bytes over each host's link as over every other hop, so its bus bandwidth
+can reach the link rate: the table gives it as a fraction of that rate. Medians over the
+runs.
 
 With --wire-dtypes bfloat16 (or float16), grpc also runs with that wire_dtype, as a backend
 of its own ("grpc+bfloat16"). After the timings each job counts the bytes every backend
 sends over the link (veth0's tx counter in each namespace) for a few allreduces of each
-size: the table's "link MB/op" is the most either direction carried per allreduce.
+size: the table's "link MB/op" is the most any host sent per allreduce.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "two_h
 import launch
 import torch
 import torch.distributed as dist
-from _args import parse_list, parse_sizes
+from _args import parse_ints, parse_list, parse_sizes
 from _collective_ops import Case, actual_bytes
 from _report import (
     Column,
@@ -136,10 +140,12 @@ def rate_bytes_per_s(rate: str) -> float:
 
 
 def run_rate(
-    hosts: tuple[launch.Host, launch.Host], rate: str, args: argparse.Namespace
+    hosts: tuple[launch.Host, ...], rtt_ms: int, rate: str, args: argparse.Namespace
 ) -> list[Row]:
-    """``args.runs`` jobs on the link shaped to ``rate``; every backend's row of each."""
-    launch.netns("shape", hosts[0].netns[:-2], rate)
+    """``args.runs`` jobs on the hosts' links shaped to ``rate``; every backend's row of each."""
+    launch.netns("shape", launch.set_name(hosts), rate)
+    setting = {"hosts": len(hosts), "rtt_ms": rtt_ms, "rate": rate}
+    label = f"{len(hosts)} hosts, {rtt_ms} ms, {rate}"
     rows: list[Row] = []
     for run in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="two-hosts-bench-") as tmp:
@@ -158,10 +164,10 @@ def run_rate(
                 hosts, script, free_port(), args.timeout, Path(tmp), launch.GLOO_ENV
             )
             for row in json.loads(out.read_text()):
-                rows.append({**row, "rate": rate, "run": run})
+                rows.append({**row, **setting, "run": run})
                 busbw = row.get("busbw_gbps")
                 print(
-                    f"{rate} run {run + 1}/{args.runs} {fmt_bytes(row['bytes'])} "
+                    f"{label} run {run + 1}/{args.runs} {fmt_bytes(row['bytes'])} "
                     f"{row['backend']}: {row['status']}"
                     + (f", busbw {busbw:.3f} GB/s" if busbw else ""),
                     file=sys.stderr,
@@ -170,18 +176,27 @@ def run_rate(
 
 
 def summarize(rows: list[Row]) -> list[Row]:
-    """Per rate, size and backend: the median over runs, as GB/s and as a share of the link."""
-    groups: dict[tuple[str, int, str], list[Row]] = {}
+    """Per setting (hosts, round trip, rate), size and backend: the median over runs,
+    as GB/s and as a share of the link."""
+    groups: dict[tuple[int, int, str, int, str], list[Row]] = {}
     for row in rows:
         if row["status"] == "ok":
-            key = (row["rate"], row["bytes"], row["backend"])
+            key = (
+                row["hosts"],
+                row["rtt_ms"],
+                row["rate"],
+                row["bytes"],
+                row["backend"],
+            )
             groups.setdefault(key, []).append(row)
     table: list[Row] = []
-    for (rate, nbytes, backend), runs in groups.items():
+    for (hosts, rtt_ms, rate, nbytes, backend), runs in groups.items():
         values = [r["busbw_gbps"] for r in runs]
         median = statistics.median(values)
         table.append(
             {
+                "hosts": hosts,
+                "rtt_ms": rtt_ms,
                 "rate": rate,
                 "bytes": nbytes,
                 "backend": backend,
@@ -195,19 +210,21 @@ def summarize(rows: list[Row]) -> list[Row]:
                 "runs": " ".join(f"{v:.3f}" for v in values),
             }
         )
+
+    def point(r: Row) -> tuple[Any, ...]:
+        return (r["hosts"], r["rtt_ms"], r["rate"], r["bytes"])
+
+    references = {point(r): r for r in table if r["backend"] == REFERENCE}
     for row in table:
-        ref = next(
-            r
-            for r in table
-            if (r["rate"], r["bytes"], r["backend"])
-            == (row["rate"], row["bytes"], REFERENCE)
-        )
-        if row["backend"] != REFERENCE:
+        ref = references.get(point(row))
+        if row["backend"] != REFERENCE and ref is not None:
             row["ratio"] = row["busbw_gbps"] / ref["busbw_gbps"]
     return table
 
 
 TABLE = [
+    Column("hosts", "hosts"),
+    Column("rtt ms", "rtt_ms"),
     Column("link", "rate"),
     Column("size", "bytes", fmt_bytes),
     Column("backend", "backend"),
@@ -226,6 +243,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--rates", type=parse_list, default=["1gbit", "5gbit"])
     parser.add_argument("--sizes", type=parse_sizes, default=parse_sizes("1M,64M"))
+    parser.add_argument(
+        "--hosts", type=parse_ints, default=[2], help="hosts of two ranks (2 to 8)"
+    )
+    parser.add_argument(
+        "--rtts",
+        type=parse_ints,
+        default=[0],
+        help="round-trip times between hosts, in ms (0: a veth pair or a bridge)",
+    )
     parser.add_argument("--runs", type=int, default=3, help="jobs per rate")
     parser.add_argument(
         "--wire-dtypes",
@@ -257,9 +283,12 @@ def main(argv: list[str] | None = None) -> int:
     other_load = OtherLoad()
     started = time.monotonic()
     rows: list[Row] = []
-    with launch.two_hosts(launch.unique_name("tgpg-bench")) as hosts:
-        for rate in args.rates:
-            rows += run_rate(hosts, rate, args)
+    for count in args.hosts:
+        for rtt_ms in args.rtts:
+            name = launch.unique_name("tgpg-bench")
+            with launch.hosts_up(name, count, rtt_ms) as hosts:
+                for rate in args.rates:
+                    rows += run_rate(hosts, rtt_ms, rate, args)
     table = summarize(rows)
     machine["during_run"] = other_load.finish()
     print(format_table(table, TABLE))

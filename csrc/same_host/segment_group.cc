@@ -25,9 +25,12 @@ using Clock = std::chrono::steady_clock;
 // rank still computing, a slow start) is slept on, so that a waiting rank
 // leaves its core to whoever needs it. First a spin that only asks the core to
 // pause, then one that yields it, then futex sleeps of at most kSleepSlice,
-// between which the wait looks at the group's failure and its deadline.
+// between which the wait looks at the group's failure and its deadline. Where
+// the ranks outnumber the CPUs, the spinning is skipped: the peer waited for
+// may need this very CPU.
 constexpr auto kSpinFor = std::chrono::microseconds(20);
 constexpr auto kYieldFor = std::chrono::microseconds(200);
+constexpr auto kYieldForOversubscribed = std::chrono::milliseconds(2);
 constexpr auto kSleepSlice = std::chrono::milliseconds(50);
 constexpr int kFirstPauses = 256;
 constexpr int kPausesPerLook = 64;
@@ -38,6 +41,13 @@ void pause_core() {
 #elif defined(__aarch64__)
   asm volatile("yield");
 #endif
+}
+
+uint32_t cpus_to_run_on() {
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  if (sched_getaffinity(0, sizeof cpus, &cpus) != 0) return 1;
+  return static_cast<uint32_t>(std::max(1, CPU_COUNT(&cpus)));
 }
 
 bool reached(uint32_t step, uint32_t target) { return static_cast<int32_t>(step - target) >= 0; }
@@ -61,7 +71,8 @@ std::pair<size_t, size_t> part_of(size_t count, uint32_t world, uint32_t r) {
 
 }  // namespace
 
-SegmentGroup::SegmentGroup(Segment segment, uint32_t rank) : segment_(std::move(segment)), rank_(rank) {}
+SegmentGroup::SegmentGroup(Segment segment, uint32_t rank)
+    : segment_(std::move(segment)), rank_(rank), oversubscribed_(world() > cpus_to_run_on()) {}
 
 void SegmentGroup::announce_elsewhere(OpDescriptor d) {
   d.path = kPathLinks;
@@ -109,7 +120,8 @@ void SegmentGroup::check_agreement(uint32_t peer, const OpDescriptor& d, bool mu
 
 void SegmentGroup::wait_for(uint32_t peer, uint32_t step, const OpDescriptor& d, const SegmentWait& wait) {
   // Most waits end within a few pauses: the clock is not read for those.
-  for (int i = 0; i < kFirstPauses; ++i) {
+  const int first_pauses = oversubscribed_ ? 0 : kFirstPauses;
+  for (int i = 0; i < first_pauses; ++i) {
     if (reached(segment_.step(peer), step)) return;
     pause_core();
   }
@@ -124,11 +136,11 @@ void SegmentGroup::wait_for(uint32_t peer, uint32_t step, const OpDescriptor& d,
   } tell_over{wait, told};
   while (!reached(segment_.step(peer), step)) {
     const auto now = Clock::now();
-    if (now - start < kSpinFor) {
+    if (!oversubscribed_ && now - start < kSpinFor) {
       for (int i = 0; i < kPausesPerLook && !reached(segment_.step(peer), step); ++i) pause_core();
       continue;
     }
-    if (now - start < kYieldFor) {
+    if (now - start < (oversubscribed_ ? kYieldForOversubscribed : kYieldFor)) {
       sched_yield();
       continue;
     }
@@ -165,28 +177,35 @@ void SegmentGroup::allreduce(std::byte* data, size_t count, DType dtype, ReduceO
     std::byte* chunk = data + offset * element;
     const uint32_t set = next_set();
     std::byte* mine = segment_.slot(set, rank_);
-    if (n > 0) std::memcpy(mine, chunk, n * element);
+    const bool split = world() > 1 && n * element > kReduceAllBytes;
+    // This rank's part of a split round, which it reduces; the others go to its
+    // slot, each for the rank that reduces it.
+    const auto [begin_at, end_at] = split ? part_of(n, world(), rank_) : std::pair<size_t, size_t>{n, n};
+    if (begin_at > 0) std::memcpy(mine, chunk, begin_at * element);
+    if (end_at < n) std::memcpy(mine + end_at * element, chunk + end_at * element, (n - end_at) * element);
     if (first) begin(d, wait);
     else phase(d, wait, false);
     first = false;
     if (n == 0 || world() == 1) continue;
-    if (n * element <= kReduceAllBytes) {
+    if (!split) {
       std::memcpy(chunk, segment_.slot(set, 0), n * element);
       for (uint32_t r = 1; r < world(); ++r) reduce_into(chunk, segment_.slot(set, r), n, dtype, op);
       continue;
     }
-    // This rank's part, reduced into its own slot, which no peer reads there until the next phase.
-    const auto [begin_at, end_at] = part_of(n, world(), rank_);
+    // This rank's part, reduced in place from every peer's slot, then published
+    // in its own slot, where no peer reads that part until the next phase.
     const size_t part = end_at - begin_at;
+    std::byte* own_part = chunk + begin_at * element;
     for (uint32_t r = 0; r < world(); ++r) {
-      if (r != rank_ && part > 0) {
-        reduce_into(mine + begin_at * element, segment_.slot(set, r) + begin_at * element, part, dtype, op);
-      }
+      if (r != rank_ && part > 0) reduce_into(own_part, segment_.slot(set, r) + begin_at * element, part, dtype, op);
     }
+    if (part > 0) std::memcpy(mine + begin_at * element, own_part, part * element);
     phase(d, wait, false);
     for (uint32_t r = 0; r < world(); ++r) {
       const auto [from, to] = part_of(n, world(), r);
-      if (to > from) std::memcpy(chunk + from * element, segment_.slot(set, r) + from * element, (to - from) * element);
+      if (r != rank_ && to > from) {
+        std::memcpy(chunk + from * element, segment_.slot(set, r) + from * element, (to - from) * element);
+      }
     }
   }
 }

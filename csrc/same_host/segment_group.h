@@ -33,9 +33,11 @@ struct SegmentWait {
 // elements, so every rank ends with the same bytes:
 //   up to kReduceAllBytes per round, each rank writes its input to its slot and
 //     reduces every slot, one pass (the fewest hand-offs: small messages);
-//   above, each rank reduces its own part of the round from every slot into its
-//     slot, then every rank copies every part (reduce-scatter, then allgather,
-//     inside the segment: each byte read once from each peer).
+//   above, each rank writes to its slot only the parts its peers reduce,
+//     reduces its own part in place from every peer's slot and publishes it in
+//     its slot, then copies every other part (reduce-scatter, then allgather,
+//     inside the segment: each byte read once from each peer, and no byte of a
+//     rank's own part copied in or out).
 // Each op first announces itself (OpDescriptor): a peer that runs another op,
 // or the same op on other sizes, or this op over the network links, makes the
 // op fail at once with both ranks named (CollectiveError), as a mismatch on the
@@ -82,6 +84,10 @@ class SegmentGroup {
   uint32_t rank_;
   uint32_t step_ = 0;     // phases this rank has finished
   uint64_t rounds_ = 0;   // rounds run, over every op
+  // The segment's ranks outnumber the CPUs this process may run on: a rank that
+  // waits is likely to hold the CPU that the rank it waits for needs, so it
+  // yields at once instead of spinning first.
+  bool oversubscribed_;
 };
 
 }  // namespace tgpg

@@ -1,6 +1,7 @@
-"""Two "hosts" as network namespaces (netns.sh), and torchrun across them.
+""" "Hosts" as network namespaces (netns.sh), and torchrun across them.
 
-Shared by tests/test_two_hosts.py and benchmarks/two_hosts.py. Every subprocess runs
+Two hosts on one veth pair, more on a bridge, or any number behind a hub that delays
+every frame (a long link). Shared by tests/test_two_hosts.py and benchmarks/two_hosts.py. Every subprocess runs
 under a timeout, and whatever a job leaves running is killed.
 """
 
@@ -98,13 +99,24 @@ def remove_stale(prefix: str = "tgpg") -> list[str]:
 
 
 @contextmanager
-def two_hosts(name: str) -> Iterator[tuple[Host, Host]]:
-    """The pair ``name``, deleted on exit whatever happened inside."""
+def hosts_up(name: str, count: int = 2, rtt_ms: int = 0) -> Iterator[tuple[Host, ...]]:
+    """``count`` hosts named after ``name``, ``rtt_ms`` apart, deleted on exit whatever
+    happened inside."""
     try:
-        lines = netns("up", name).split()
-        yield Host(lines[0], lines[1]), Host(lines[2], lines[3])
+        lines = netns("up", name, str(count), str(rtt_ms)).split()
+        yield tuple(Host(ns, address) for ns, address in zip(lines[::2], lines[1::2]))
     finally:
         netns("down", name)
+
+
+def two_hosts(name: str) -> contextlib.AbstractContextManager[tuple[Host, ...]]:
+    """Two hosts on one veth pair."""
+    return hosts_up(name)
+
+
+def set_name(hosts: Sequence[Host]) -> str:
+    """The name netns.sh knows the hosts by (each namespace is NAME-letter)."""
+    return hosts[0].netns[:-2]
 
 
 def link_tx_bytes(host: Host) -> int:
@@ -143,11 +155,17 @@ def worker_env() -> dict[str, str]:
 
 
 def torchrun_command(
-    host: Host, store_host: Host, port: int, run_id: str, script: Sequence[str]
+    host: Host,
+    store_host: Host,
+    nnodes: int,
+    port: int,
+    run_id: str,
+    script: Sequence[str],
 ) -> list[str]:
-    """torchrun on ``host`` for a 2-node job whose c10d rendezvous store is on ``store_host``.
+    """torchrun on ``host`` for an ``nnodes`` job whose c10d rendezvous store is on
+    ``store_host``.
 
-    ``is_host`` and ``--local-addr`` only stand in for DNS: both namespaces share the
+    ``is_host`` and ``--local-addr`` only stand in for DNS: the namespaces share the
     machine's host name, which resolves to 127.0.0.1, so torchrun could not tell which
     node hosts the store nor tell the other node where rank 0 is.
     """
@@ -155,7 +173,7 @@ def torchrun_command(
     return [
         "ip", "netns", "exec", host.netns,
         sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", "2",
+        "--nnodes", str(nnodes),
         "--nproc-per-node", str(NPROC_PER_NODE),
         "--rdzv-backend", "c10d",
         "--rdzv-endpoint", f"{store_host.address}:{port}",
@@ -172,16 +190,16 @@ class JobFailed(AssertionError):
 
 
 def run_pair(
-    hosts: tuple[Host, Host],
+    hosts: Sequence[Host],
     script: Sequence[str],
     port: int,
     timeout_s: float,
     log_dir: Path,
     extra_env: dict[str, str] | None = None,
 ) -> None:
-    """Run ``script`` (a Python file and its arguments) under torchrun on both hosts.
+    """Run ``script`` (a Python file and its arguments) under torchrun on every host.
 
-    JobFailed, with the end of each failed node's log, if either node fails or the job
+    JobFailed, with the end of each failed node's log, if any node fails or the job
     outlives ``timeout_s``. A node whose peer failed gets a short grace, not the full
     timeout, to fail on its own.
     """
@@ -194,7 +212,9 @@ def run_pair(
             with log.open("wb") as out:
                 procs.append(
                     subprocess.Popen(
-                        torchrun_command(host, hosts[0], port, run_id, script),
+                        torchrun_command(
+                            host, hosts[0], len(hosts), port, run_id, script
+                        ),
                         stdout=out,
                         stderr=subprocess.STDOUT,
                         env=env,

@@ -1,25 +1,34 @@
 #!/usr/bin/env bash
-# Two "hosts" on one machine: network namespaces NAME-a and NAME-b joined by a
-# veth pair, 10.77.0.1/24 in NAME-a and 10.77.0.2/24 in NAME-b, interface veth0
-# on both sides. Every pair lives wholly inside its own namespaces, so pairs of
-# other names (parallel runs) reuse the same addresses without colliding.
+# "Hosts" on one machine: network namespaces NAME-a, NAME-b, ... with addresses
+# 10.77.0.1/24, 10.77.0.2/24, ... on interface veth0. Two hosts with no delay are
+# joined by one veth pair; more hosts meet on a bridge in a namespace NAME-hub;
+# with a round-trip time, NAME-hub holds delay_hub (delay_hub.cc) instead, which
+# passes every frame on RTT_MS/2 later each way. Every set lives wholly inside its
+# own namespaces, so sets of other names (parallel runs) reuse the addresses.
 #
-#   netns.sh up NAME          create (replacing a pair of that name left over)
-#   netns.sh shape NAME RATE  limit each direction to RATE (tc units: 1gbit, 5gbit)
-#   netns.sh unshape NAME     remove the limit
-#   netns.sh down NAME        delete; nothing to delete is not an error
-#   netns.sh check            exit 0 if this machine can create namespaces
+#   netns.sh up NAME [HOSTS [RTT_MS]]  create (replacing a set of that name left over);
+#                                      HOSTS 2 to 8 (default 2), RTT_MS default 0
+#   netns.sh shape NAME RATE           limit what each host sends to RATE (1gbit, 500mbit)
+#   netns.sh unshape NAME              remove the limit
+#   netns.sh down NAME                 delete; nothing to delete is not an error
+#   netns.sh check                     exit 0 if this machine can create namespaces
 #
-# Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) and iproute2.
+# Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) and iproute2; a delay also needs g++
+# (delay_hub is built on first use, into build/two_hosts/ of the repository).
 set -euo pipefail
 
-ADDR_A=10.77.0.1
-ADDR_B=10.77.0.2
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+SUBNET=10.77.0
 PREFIX_LEN=24
 DEV=veth0
+HOST_LETTERS=(a b c d e f g h)
+# Frames the hub holds for one host beyond this are dropped, as a router's full
+# buffer drops them: far above a 1 Gbit/s link's bandwidth-delay product at 100 ms.
+HUB_QUEUE_LIMIT=$((64 << 20))
 
 usage() {
-	sed -n '2,13p' "$0" >&2
+	sed -n '2,18p' "$0" >&2
 	exit 2
 }
 
@@ -31,9 +40,28 @@ check_name() {
 	}
 }
 
+namespaces_of() {
+	local letter
+	for letter in "${HOST_LETTERS[@]}"; do echo "$1-$letter"; done
+	echo "$1-hub"
+}
+
+hosts_of() {
+	local letter
+	for letter in "${HOST_LETTERS[@]}"; do
+		[ -e "/run/netns/$1-$letter" ] && echo "$1-$letter"
+	done
+	return 0
+}
+
+hub_log() {
+	echo "${TMPDIR:-/tmp}/netns-$1-hub.log"
+}
+
 down() {
 	local ns
-	for ns in "$1-a" "$1-b"; do
+	rm -f "$(hub_log "$1")"
+	for ns in $(namespaces_of "$1"); do
 		# Killing what still runs inside lets the namespace go; deleting the
 		# namespace also deletes its end of the veth pair, and with it the other.
 		if ip netns pids "$ns" >/dev/null 2>&1; then
@@ -44,28 +72,81 @@ down() {
 }
 
 up() {
-	local name=$1
+	local name=$1 hosts=$2 rtt_ms=$3 i ns
+	local hub_binary=""
+	# Built before anything is created, so that a failed build leaves nothing behind.
+	if [ "$rtt_ms" != 0 ]; then
+		hub_binary=$(build_delay_hub)
+	fi
 	down "$name"
-	# Half a pair is worse than none: undo everything if any step fails.
+	# Half a set is worse than none: undo everything if any step fails.
 	trap 'down "$name"' ERR
-	ip netns add "$name-a"
-	ip netns add "$name-b"
-	ip link add "$DEV" netns "$name-a" type veth peer name "$DEV" netns "$name-b"
-	ip -n "$name-a" addr add "$ADDR_A/$PREFIX_LEN" dev "$DEV"
-	ip -n "$name-b" addr add "$ADDR_B/$PREFIX_LEN" dev "$DEV"
-	local ns
-	for ns in "$name-a" "$name-b"; do
+	for ((i = 0; i < hosts; i++)); do
+		ip netns add "$name-${HOST_LETTERS[i]}"
+	done
+	if [ "$hosts" = 2 ] && [ "$rtt_ms" = 0 ]; then
+		ip link add "$DEV" netns "$name-a" type veth peer name "$DEV" netns "$name-b"
+	else
+		ip netns add "$name-hub"
+		ip -n "$name-hub" link set lo up
+		for ((i = 0; i < hosts; i++)); do
+			ip link add "$DEV" netns "$name-${HOST_LETTERS[i]}" type veth peer name "h$i" netns "$name-hub"
+			ip -n "$name-hub" link set "h$i" up
+		done
+		if [ "$rtt_ms" = 0 ]; then
+			ip -n "$name-hub" link add br0 type bridge
+			for ((i = 0; i < hosts; i++)); do
+				ip -n "$name-hub" link set "h$i" master br0
+			done
+			ip -n "$name-hub" link set br0 up
+		else
+			start_delay_hub "$name" "$hub_binary" "$hosts" "$rtt_ms"
+		fi
+	fi
+	for ((i = 0; i < hosts; i++)); do
+		ns="$name-${HOST_LETTERS[i]}"
+		ip -n "$ns" addr add "$SUBNET.$((i + 1))/$PREFIX_LEN" dev "$DEV"
 		ip -n "$ns" link set lo up
 		ip -n "$ns" link set "$DEV" up
 	done
 	trap - ERR
-	echo "$name-a $ADDR_A"
-	echo "$name-b $ADDR_B"
+	for ((i = 0; i < hosts; i++)); do
+		echo "$name-${HOST_LETTERS[i]} $SUBNET.$((i + 1))"
+	done
+}
+
+build_delay_hub() {
+	local source="$HERE/delay_hub.cc" binary="$REPO/build/two_hosts/delay_hub"
+	if [ ! -x "$binary" ] || [ "$source" -nt "$binary" ]; then
+		mkdir -p "$(dirname "$binary")"
+		# Into a file of its own, then renamed: parallel runs may build at once.
+		g++ -O2 -std=c++17 -Wall -Werror -o "$binary.$$" "$source" >&2
+		mv -f "$binary.$$" "$binary"
+	fi
+	echo "$binary"
+}
+
+start_delay_hub() {
+	local name=$1 binary=$2 hosts=$3 rtt_ms=$4 i log
+	log=$(hub_log "$name")
+	local ports=()
+	for ((i = 0; i < hosts; i++)); do ports+=("h$i"); done
+	# Runs inside NAME-hub, so that down's kill of the namespace's processes ends it.
+	ip netns exec "$name-hub" setsid "$binary" "$((rtt_ms * 500))" "$HUB_QUEUE_LIMIT" "${ports[@]}" \
+		</dev/null >"$log" 2>&1 &
+	for ((i = 0; i < 100; i++)); do
+		grep -q "^delay_hub: ready" "$log" 2>/dev/null && return 0
+		kill -0 $! 2>/dev/null || break
+		sleep 0.05
+	done
+	echo "netns.sh: delay_hub did not start:" >&2
+	cat "$log" >&2
+	return 1
 }
 
 shape() {
 	local name=$1 rate=$2 ns
-	for ns in "$name-a" "$name-b"; do
+	for ns in $(hosts_of "$name"); do
 		# A burst of 1 ms at the rate (at least 64 KiB) lets TCP fill the link
 		# without turning the bucket into a second, unshaped link.
 		tc -n "$ns" qdisc replace dev "$DEV" root tbf rate "$rate" burst "$(burst_bytes "$rate")" latency 50ms
@@ -85,7 +166,7 @@ burst_bytes() {
 
 unshape() {
 	local ns
-	for ns in "$1-a" "$1-b"; do
+	for ns in $(hosts_of "$1"); do
 		tc -n "$ns" qdisc del dev "$DEV" root 2>/dev/null || true
 	done
 }
@@ -108,7 +189,22 @@ check() {
 }
 
 case "${1:-}" in
-up | down | unshape)
+up)
+	[ $# -ge 2 ] && [ $# -le 4 ] || usage
+	check_name "$2"
+	hosts=${3:-2}
+	rtt_ms=${4:-0}
+	[[ "$hosts" =~ ^[2-8]$ ]] || {
+		echo "netns.sh: HOSTS must be 2 to 8" >&2
+		exit 2
+	}
+	[[ "$rtt_ms" =~ ^[0-9]{1,4}$ ]] || {
+		echo "netns.sh: RTT_MS must be a whole number of milliseconds" >&2
+		exit 2
+	}
+	up "$2" "$hosts" "$rtt_ms"
+	;;
+down | unshape)
 	[ $# = 2 ] || usage
 	check_name "$2"
 	"$1" "$2"
