@@ -44,7 +44,7 @@ TOL = {"rtol": 0.0, "atol": 1e-12}
 @dataclass
 class Job:
     ranks: list[dict[str, Any]]  # what each rank saved, by rank
-    link_bytes: tuple[int, int]  # sent each way over the link during the job
+    link_bytes: tuple[int, ...]  # sent out of each host over its link during the job
 
 
 def _run(
