@@ -13,6 +13,10 @@
 #   netns.sh down NAME                 delete; nothing to delete is not an error
 #   netns.sh check                     exit 0 if this machine can create namespaces
 #
+# TCP_WMEM_MAX=BYTES in the environment of `up` raises the hosts' net.ipv4.tcp_wmem
+# limit (4 MiB by default): one TCP connection keeps at most that much in flight, which
+# caps it at TCP_WMEM_MAX / RTT on a long link.
+#
 # Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) and iproute2; a delay also needs g++
 # (delay_hub is built on first use, into build/two_hosts/ of the repository).
 set -euo pipefail
@@ -28,7 +32,7 @@ HOST_LETTERS=(a b c d e f g h)
 HUB_QUEUE_LIMIT=$((64 << 20))
 
 usage() {
-	sed -n '2,18p' "$0" >&2
+	sed -n '2,22p' "$0" >&2
 	exit 2
 }
 
@@ -108,6 +112,9 @@ up() {
 		ip -n "$ns" addr add "$SUBNET.$((i + 1))/$PREFIX_LEN" dev "$DEV"
 		ip -n "$ns" link set lo up
 		ip -n "$ns" link set "$DEV" up
+		if [ -n "${TCP_WMEM_MAX:-}" ]; then
+			ip netns exec "$ns" sysctl -q -w net.ipv4.tcp_wmem="4096 16384 $TCP_WMEM_MAX"
+		fi
 	done
 	trap - ERR
 	for ((i = 0; i < hosts; i++)); do
