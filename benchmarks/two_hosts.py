@@ -162,7 +162,7 @@ def run_rate(
                 "--timeout", str(args.timeout),
                 "--wire-dtypes", ",".join(args.wire_dtypes),
             ]  # fmt: skip
-            launch.run_pair(
+            launch.run_on_hosts(
                 hosts, script, free_port(), args.timeout, Path(tmp), launch.GLOO_ENV
             )
             for row in json.loads(out.read_text()):

@@ -13,7 +13,6 @@ run many cases inside one spawn and report per-case outcomes with
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import multiprocessing as mp
@@ -29,10 +28,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-import psutil
 import pytest
 import torch
 import torch.distributed as dist
+from job_runner import kill_tree
 
 from torch_grpc_pg._ports import LOOPBACK, free_port
 
@@ -154,17 +153,8 @@ class HarnessError(AssertionError):
 
 
 def _kill_tree(proc: mp.process.BaseProcess) -> None:
-    if proc.pid is None:
-        return
-    try:
-        root = psutil.Process(proc.pid)
-        victims = [*root.children(recursive=True), root]
-    except psutil.NoSuchProcess:
-        return
-    for victim in victims:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            victim.kill()
-    psutil.wait_procs(victims, timeout=10)
+    if proc.pid is not None:
+        kill_tree(proc.pid, timeout_s=10)
 
 
 def _drain(results_queue: Any, results: dict[int, RankResult], timeout: float) -> None:

@@ -15,15 +15,13 @@ host, every host but the first in a new mount namespace.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import psutil
+from job_runner import run_logged
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,8 +55,8 @@ def run(
 ) -> None:
     """Run ``script`` on every rank, ``hosts[h]`` being the ranks of host h.
 
-    Raises AssertionError with the end of each failed host's log when a rank fails
-    or the job outlives ``timeout_s``; kills whatever is left either way.
+    Raises JobFailed (an AssertionError) with the end of each failed host's log when
+    a rank fails or the job outlives ``timeout_s``; kills whatever is left either way.
     """
     world = sum(len(ranks) for ranks in hosts)
     full_env = {
@@ -70,58 +68,21 @@ def run(
         ),
         **env,
     }
-    procs: list[subprocess.Popen[bytes]] = []
-    logs: list[Path] = []
-    try:
-        for index, ranks in enumerate(hosts):
-            prefix = [] if index == 0 else _unshare_prefix()
-            log = log_dir / f"host{index}.log"
-            logs.append(log)
-            with log.open("wb") as out:
-                procs.append(
-                    subprocess.Popen(
-                        [
-                            *prefix,
-                            sys.executable,
-                            __file__,
-                            "host",
-                            ",".join(map(str, ranks)),
-                            *script,
-                        ],
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        env=full_env,
-                        cwd=REPO_ROOT,
-                    )
-                )
-        deadline = time.monotonic() + timeout_s
-        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        failures = [
-            f"{log.name}: "
-            + ("timed out" if p.poll() is None else f"exit {p.returncode}")
-            + "\n"
-            + "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-            for p, log in zip(procs, logs)
-            if p.poll() != 0
-        ]
-        if failures:
-            raise AssertionError("\n\n".join(failures))
-    finally:
-        for proc in procs:
-            _kill_tree(proc.pid)
-
-
-def _kill_tree(pid: int) -> None:
-    try:
-        root = psutil.Process(pid)
-        victims = [*root.children(recursive=True), root]
-    except psutil.NoSuchProcess:
-        return
-    for victim in victims:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            victim.kill()
-    psutil.wait_procs(victims, timeout=30)
+    commands = [
+        (
+            [
+                *([] if index == 0 else _unshare_prefix()),
+                sys.executable,
+                __file__,
+                "host",
+                ",".join(map(str, ranks)),
+                *script,
+            ],
+            log_dir / f"host{index}.log",
+        )
+        for index, ranks in enumerate(hosts)
+    ]
+    run_logged(commands, full_env, REPO_ROOT, timeout_s)
 
 
 def _host_main(ranks: str, script: list[str]) -> int:

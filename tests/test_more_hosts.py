@@ -63,7 +63,7 @@ def _run_ddp(hosts: tuple[launch.Host, ...], backend: str, out: Path) -> Job:
     before = [launch.link_tx_bytes(h) for h in hosts]
     script = [str(Path(ddp_train.__file__)), "--backend", backend, "--out", str(out)]
     env = launch.GLOO_ENV if backend == "gloo" else None
-    launch.run_pair(hosts, script, free_port(), JOB_TIMEOUT_S, out, env)
+    launch.run_on_hosts(hosts, script, free_port(), JOB_TIMEOUT_S, out, env)
     sent = tuple(launch.link_tx_bytes(h) - b for h, b in zip(hosts, before))
     world = launch.NPROC_PER_NODE * len(hosts)
     ranks = [

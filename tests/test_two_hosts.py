@@ -55,7 +55,7 @@ def _run(
 ) -> Job:
     before = [launch.link_tx_bytes(h) for h in hosts]
     script = [str(Path(ddp_train.__file__)), "--backend", backend, "--out", str(out)]
-    launch.run_pair(hosts, script, free_port(), JOB_TIMEOUT_S, out, extra_env)
+    launch.run_on_hosts(hosts, script, free_port(), JOB_TIMEOUT_S, out, extra_env)
     sent = [launch.link_tx_bytes(h) - b for h, b in zip(hosts, before)]
     ranks = [
         torch.load(out / f"{backend}-rank{rank}.pt", weights_only=True)
@@ -72,7 +72,7 @@ def _run_wire_dtype(
     before = [launch.link_tx_bytes(h) for h in hosts]
     script = [str(Path(wire_dtype_train.__file__)), str(out)]
     env = {"TORCH_GRPC_PG_WIRE_DTYPE": wire_dtype}
-    launch.run_pair(hosts, script, free_port(), JOB_TIMEOUT_S, out, env)
+    launch.run_on_hosts(hosts, script, free_port(), JOB_TIMEOUT_S, out, env)
     sent = [launch.link_tx_bytes(h) - b for h, b in zip(hosts, before)]
     ranks = [
         torch.load(out / f"rank{rank}.pt", weights_only=True) for rank in range(WORLD)

@@ -165,41 +165,57 @@ void SegmentGroup::wait_for(uint32_t peer, uint32_t step, const OpDescriptor& d,
   }
 }
 
+template <typename Publish, typename Collect>
+void SegmentGroup::in_rounds(size_t total, size_t per_round, const OpDescriptor& d, const SegmentWait& wait,
+                             Publish&& publish, Collect&& collect) {
+  // One round even for nothing to move: the ranks still agree that they ran the op.
+  bool first = true;
+  for (size_t offset = 0; first || offset < total; offset += per_round) {
+    const size_t n = std::min(per_round, total - offset);
+    const uint32_t set = next_set();
+    publish(set, offset, n);
+    if (first) begin(d, wait);
+    else phase(d, wait, false);
+    first = false;
+    collect(set, offset, n);
+  }
+}
+
 void SegmentGroup::allreduce(std::byte* data, size_t count, DType dtype, ReduceOp op, OpDescriptor d,
                              const SegmentWait& wait) {
   d.path = kPathSegment;
   const size_t element = element_size(dtype);
-  const size_t per_round = std::max<size_t>(1, segment_.slot_bytes() / element);
-  bool first = true;
-  // One round even for no elements: the ranks still agree that they ran the op.
-  for (size_t offset = 0; first || offset < count; offset += per_round) {
-    const size_t n = std::min(per_round, count - offset);
-    std::byte* chunk = data + offset * element;
-    const uint32_t set = next_set();
-    std::byte* mine = segment_.slot(set, rank_);
+  // This rank's part of a round of `n` elements, which it reduces when the round
+  // is split; [n, n) when every rank reduces the whole round.
+  const auto own_part = [&](size_t n) {
     const bool split = world() > 1 && n * element > kReduceAllBytes;
-    // This rank's part of a split round, which it reduces; the others go to its
-    // slot, each for the rank that reduces it.
-    const auto [begin_at, end_at] = split ? part_of(n, world(), rank_) : std::pair<size_t, size_t>{n, n};
+    return split ? part_of(n, world(), rank_) : std::pair<size_t, size_t>{n, n};
+  };
+  const auto publish = [&](uint32_t set, size_t offset, size_t n) {
+    // Everything but this rank's own part, each piece for the rank that reduces it.
+    const std::byte* chunk = data + offset * element;
+    std::byte* mine = segment_.slot(set, rank_);
+    const auto [begin_at, end_at] = own_part(n);
     if (begin_at > 0) std::memcpy(mine, chunk, begin_at * element);
     if (end_at < n) std::memcpy(mine + end_at * element, chunk + end_at * element, (n - end_at) * element);
-    if (first) begin(d, wait);
-    else phase(d, wait, false);
-    first = false;
-    if (n == 0 || world() == 1) continue;
-    if (!split) {
+  };
+  const auto collect = [&](uint32_t set, size_t offset, size_t n) {
+    if (n == 0 || world() == 1) return;
+    std::byte* chunk = data + offset * element;
+    const auto [begin_at, end_at] = own_part(n);
+    if (begin_at == n) {
       std::memcpy(chunk, segment_.slot(set, 0), n * element);
       for (uint32_t r = 1; r < world(); ++r) reduce_into(chunk, segment_.slot(set, r), n, dtype, op);
-      continue;
+      return;
     }
     // This rank's part, reduced in place from every peer's slot, then published
     // in its own slot, where no peer reads that part until the next phase.
     const size_t part = end_at - begin_at;
-    std::byte* own_part = chunk + begin_at * element;
+    std::byte* reduced = chunk + begin_at * element;
     for (uint32_t r = 0; r < world(); ++r) {
-      if (r != rank_ && part > 0) reduce_into(own_part, segment_.slot(set, r) + begin_at * element, part, dtype, op);
+      if (r != rank_ && part > 0) reduce_into(reduced, segment_.slot(set, r) + begin_at * element, part, dtype, op);
     }
-    if (part > 0) std::memcpy(mine + begin_at * element, own_part, part * element);
+    if (part > 0) std::memcpy(segment_.slot(set, rank_) + begin_at * element, reduced, part * element);
     phase(d, wait, false);
     for (uint32_t r = 0; r < world(); ++r) {
       const auto [from, to] = part_of(n, world(), r);
@@ -207,38 +223,35 @@ void SegmentGroup::allreduce(std::byte* data, size_t count, DType dtype, ReduceO
         std::memcpy(chunk + from * element, segment_.slot(set, r) + from * element, (to - from) * element);
       }
     }
-  }
+  };
+  in_rounds(count, std::max<size_t>(1, segment_.slot_bytes() / element), d, wait, publish, collect);
 }
 
 void SegmentGroup::broadcast(std::byte* data, size_t bytes, uint32_t root, OpDescriptor d, const SegmentWait& wait) {
   d.path = kPathSegment;
-  const size_t per_round = segment_.slot_bytes();
-  bool first = true;
-  for (size_t offset = 0; first || offset < bytes; offset += per_round) {
-    const size_t n = std::min(per_round, bytes - offset);
-    const uint32_t set = next_set();
-    if (rank_ == root && n > 0) std::memcpy(segment_.slot(set, root), data + offset, n);
-    if (first) begin(d, wait);
-    else phase(d, wait, false);
-    first = false;
-    if (rank_ != root && n > 0) std::memcpy(data + offset, segment_.slot(set, root), n);
-  }
+  in_rounds(
+      bytes, segment_.slot_bytes(), d, wait,
+      [&](uint32_t set, size_t offset, size_t n) {
+        if (rank_ == root && n > 0) std::memcpy(segment_.slot(set, root), data + offset, n);
+      },
+      [&](uint32_t set, size_t offset, size_t n) {
+        if (rank_ != root && n > 0) std::memcpy(data + offset, segment_.slot(set, root), n);
+      });
 }
 
 void SegmentGroup::allgather(const std::byte* in, std::byte* out, size_t bytes, OpDescriptor d,
                              const SegmentWait& wait) {
   d.path = kPathSegment;
-  const size_t per_round = segment_.slot_bytes();
-  bool first = true;
-  for (size_t offset = 0; first || offset < bytes; offset += per_round) {
-    const size_t n = std::min(per_round, bytes - offset);
-    const uint32_t set = next_set();
-    if (n > 0) std::memcpy(segment_.slot(set, rank_), in + offset, n);
-    if (first) begin(d, wait);
-    else phase(d, wait, false);
-    first = false;
-    for (uint32_t r = 0; r < world() && n > 0; ++r) std::memcpy(out + r * bytes + offset, segment_.slot(set, r), n);
-  }
+  in_rounds(
+      bytes, segment_.slot_bytes(), d, wait,
+      [&](uint32_t set, size_t offset, size_t n) {
+        if (n > 0) std::memcpy(segment_.slot(set, rank_), in + offset, n);
+      },
+      [&](uint32_t set, size_t offset, size_t n) {
+        for (uint32_t r = 0; r < world() && n > 0; ++r) {
+          std::memcpy(out + r * bytes + offset, segment_.slot(set, r), n);
+        }
+      });
 }
 
 void SegmentGroup::reduce_scatter(const std::byte* in, std::byte* out, size_t count, DType dtype, ReduceOp op,
@@ -247,24 +260,22 @@ void SegmentGroup::reduce_scatter(const std::byte* in, std::byte* out, size_t co
   const size_t element = element_size(dtype);
   // A round carries the same piece of every rank's block: world() pieces per slot.
   const size_t per_round = std::max<size_t>(1, segment_.slot_bytes() / (element * world()));
-  bool first = true;
-  for (size_t offset = 0; first || offset < count; offset += per_round) {
-    const size_t n = std::min(per_round, count - offset);
-    const uint32_t set = next_set();
-    std::byte* mine = segment_.slot(set, rank_);
-    for (uint32_t r = 0; r < world() && n > 0; ++r) {
-      std::memcpy(mine + r * n * element, in + (r * count + offset) * element, n * element);
-    }
-    if (first) begin(d, wait);
-    else phase(d, wait, false);
-    first = false;
-    if (n == 0) continue;
-    std::byte* result = out + offset * element;
-    std::memcpy(result, segment_.slot(set, 0) + rank_ * n * element, n * element);
-    for (uint32_t r = 1; r < world(); ++r) {
-      reduce_into(result, segment_.slot(set, r) + rank_ * n * element, n, dtype, op);
-    }
-  }
+  in_rounds(
+      count, per_round, d, wait,
+      [&](uint32_t set, size_t offset, size_t n) {
+        std::byte* mine = segment_.slot(set, rank_);
+        for (uint32_t r = 0; r < world() && n > 0; ++r) {
+          std::memcpy(mine + r * n * element, in + (r * count + offset) * element, n * element);
+        }
+      },
+      [&](uint32_t set, size_t offset, size_t n) {
+        if (n == 0) return;
+        std::byte* result = out + offset * element;
+        std::memcpy(result, segment_.slot(set, 0) + rank_ * n * element, n * element);
+        for (uint32_t r = 1; r < world(); ++r) {
+          reduce_into(result, segment_.slot(set, r) + rank_ * n * element, n, dtype, op);
+        }
+      });
 }
 
 void SegmentGroup::barrier(OpDescriptor d, const SegmentWait& wait) {

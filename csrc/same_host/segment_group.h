@@ -69,6 +69,13 @@ class SegmentGroup {
   void barrier(OpDescriptor d, const SegmentWait& wait);
 
  private:
+  // Runs op `d` over `total` units in rounds of at most `per_round`, each in
+  // the next buffer set: publish(set, offset, n) fills this rank's slot, then
+  // the round's hand-off (the op's first announces it), then collect(set,
+  // offset, n) reads the peers' slots (and may hand off again).
+  template <typename Publish, typename Collect>
+  void in_rounds(size_t total, size_t per_round, const OpDescriptor& d, const SegmentWait& wait, Publish&& publish,
+                 Collect&& collect);
   // The op's first hand-off: announce, then as phase().
   void begin(const OpDescriptor& d, const SegmentWait& wait);
   // This rank is done with its part of a phase; returns once every rank is,

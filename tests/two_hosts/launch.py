@@ -12,7 +12,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -23,6 +22,12 @@ import psutil
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent.parent
+# tests/job_runner.py, also when a benchmark imports this file.
+if str(HERE.parent) not in sys.path:
+    sys.path.append(str(HERE.parent))
+
+from job_runner import run_logged  # noqa: E402
+
 NETNS_SH = HERE / "netns.sh"
 NPROC_PER_NODE = 2
 NETNS_TIMEOUT_S = 60.0
@@ -185,11 +190,7 @@ def torchrun_command(
     ]  # fmt: skip
 
 
-class JobFailed(AssertionError):
-    pass
-
-
-def run_pair(
+def run_on_hosts(
     hosts: Sequence[Host],
     script: Sequence[str],
     port: int,
@@ -205,54 +206,11 @@ def run_pair(
     """
     run_id = uuid.uuid4().hex[:12]
     env = {**worker_env(), **(extra_env or {})}
-    logs = [log_dir / f"torchrun-{host.netns}-{run_id}.log" for host in hosts]
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        for host, log in zip(hosts, logs):
-            with log.open("wb") as out:
-                procs.append(
-                    subprocess.Popen(
-                        torchrun_command(
-                            host, hosts[0], len(hosts), port, run_id, script
-                        ),
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        env=env,
-                        cwd=REPO_ROOT,
-                    )
-                )
-        deadline = time.monotonic() + timeout_s
-        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-            if any(p.poll() not in (None, 0) for p in procs):
-                deadline = min(deadline, time.monotonic() + PEER_FAILED_GRACE_S)
-            time.sleep(0.2)
-        failures = [
-            f"{log.name}: "
-            + ("timed out" if p.poll() is None else f"exit {p.returncode}")
-            + f"\n{_tail(log)}"
-            for p, log in zip(procs, logs)
-            if p.poll() != 0
-        ]
-        if failures:
-            raise JobFailed("\n\n".join(failures))
-    finally:
-        for proc in procs:
-            _kill_tree(proc.pid)
-
-
-def _kill_tree(pid: int) -> None:
-    # torchrun starts each worker in a session of its own, so only walking the tree
-    # reaches them all.
-    try:
-        root = psutil.Process(pid)
-        victims = [*root.children(recursive=True), root]
-    except psutil.NoSuchProcess:
-        return
-    for victim in victims:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            victim.kill()
-    psutil.wait_procs(victims, timeout=NETNS_TIMEOUT_S)
-
-
-def _tail(log: Path, lines: int = 40) -> str:
-    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    commands = [
+        (
+            torchrun_command(host, hosts[0], len(hosts), port, run_id, script),
+            log_dir / f"torchrun-{host.netns}-{run_id}.log",
+        )
+        for host in hosts
+    ]
+    run_logged(commands, env, REPO_ROOT, timeout_s, PEER_FAILED_GRACE_S)
