@@ -276,9 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args)
         return 0
-    if reason := launch.unavailable_reason():
-        print(f"two_hosts: {reason}", file=sys.stderr)
-        return 1
+    for count in args.hosts:
+        for rtt_ms in args.rtts:
+            if reason := launch.unavailable_reason(count, rtt_ms):
+                print(f"two_hosts: {reason}", file=sys.stderr)
+                return 1
     for rate in args.rates:
         rate_bytes_per_s(rate)
     machine = {**machine_info(), "kernel": platform.release()}

@@ -127,14 +127,14 @@ def _jobs(out: Path, count: int, rtt_ms: int) -> dict[str, object]:
 
 @pytest.fixture(scope="module")
 def four_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
-    if (reason := launch.unavailable_reason()) is not None:
+    if (reason := launch.unavailable_reason(FOUR)) is not None:
         pytest.skip(f"four-host test: {reason}")
     yield _jobs(tmp_path_factory.mktemp("four_hosts"), FOUR, 0)
 
 
 @pytest.fixture(scope="module")
 def long_link(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
-    if (reason := launch.unavailable_reason()) is not None:
+    if (reason := launch.unavailable_reason(2, RTT_MS)) is not None:
         pytest.skip(f"long-link test: {reason}")
     yield _jobs(tmp_path_factory.mktemp("long_link"), 2, RTT_MS)
 

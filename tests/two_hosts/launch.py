@@ -62,12 +62,16 @@ def netns(*args: str, timeout_s: float = NETNS_TIMEOUT_S) -> str:
     return done.stdout
 
 
-def unavailable_reason() -> str | None:
-    """None if this machine can create network namespaces, else why not."""
+def unavailable_reason(count: int = 2, rtt_ms: int = 0) -> str | None:
+    """None if this machine can make ``count`` hosts ``rtt_ms`` apart, else why not."""
     if os.geteuid() != 0:
         return "needs root to create network namespaces"
+    needs = [
+        *(["bridge"] if count > 2 and rtt_ms == 0 else []),
+        *(["delay"] if rtt_ms > 0 else []),
+    ]
     try:
-        netns("check")
+        netns("check", *needs)
     except FileNotFoundError as exc:
         return f"cannot run netns.sh: {exc}"
     except subprocess.CalledProcessError as exc:

@@ -11,7 +11,8 @@
 #   netns.sh shape NAME RATE           limit what each host sends to RATE (1gbit, 500mbit)
 #   netns.sh unshape NAME              remove the limit
 #   netns.sh down NAME                 delete; nothing to delete is not an error
-#   netns.sh check                     exit 0 if this machine can create namespaces
+#   netns.sh check [bridge] [delay]    exit 0 if this machine can create namespaces (and
+#                                      bridges, and run delay_hub)
 #
 # TCP_WMEM_MAX=BYTES in the environment of `up` raises the hosts' net.ipv4.tcp_wmem
 # limit (4 MiB by default): one TCP connection keeps at most that much in flight, which
@@ -179,7 +180,7 @@ unshape() {
 }
 
 check() {
-	local probe="netns-check-$$"
+	local probe="netns-check-$$" need
 	[ "$(id -u)" = 0 ] || {
 		echo "not root" >&2
 		exit 1
@@ -192,6 +193,35 @@ check() {
 		echo "ip netns add failed" >&2
 		exit 1
 	}
+	# What more than two hosts, or a delay, need: a bridge; delay_hub built, and
+	# its AF_PACKET sockets opened (on lo, until timeout ends it).
+	for need in "$@"; do
+		case "$need" in
+		bridge)
+			ip -n "$probe" link add br0 type bridge || {
+				ip netns del "$probe"
+				echo "this kernel cannot make a bridge (ip link add type bridge failed)" >&2
+				exit 1
+			}
+			;;
+		delay)
+			local binary="" said=""
+			# timeout's status is not the verdict: what the hub said is.
+			binary=$(build_delay_hub) || true
+			[ -z "$binary" ] || said=$(ip netns exec "$probe" timeout -s TERM 1 "$binary" 0 1 lo lo 2>&1 || true)
+			[[ "$said" == *"delay_hub: ready"* ]] || {
+				ip netns del "$probe"
+				echo "delay_hub cannot run here (g++ to build it, and AF_PACKET sockets)" >&2
+				exit 1
+			}
+			;;
+		*)
+			ip netns del "$probe"
+			echo "netns.sh check: unknown need '$need' (bridge, delay)" >&2
+			exit 2
+			;;
+		esac
+	done
 	ip netns del "$probe"
 }
 
@@ -226,7 +256,8 @@ shape)
 	shape "$2" "$3"
 	;;
 check)
-	check
+	shift
+	check "$@"
 	;;
 *) usage ;;
 esac
