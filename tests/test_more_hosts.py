@@ -13,11 +13,10 @@ otherwise.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "two_hosts"))
 
 import ddp_train
 import launch
-from test_two_hosts import TOL, Job
+from test_two_hosts import TOL, Job, ranks_per_namespace, run_ddp
 
 from torch_grpc_pg._ports import free_port
 
@@ -59,18 +58,11 @@ while True:
 """
 
 
-def _run_ddp(hosts: tuple[launch.Host, ...], backend: str, out: Path) -> Job:
-    before = [launch.link_tx_bytes(h) for h in hosts]
-    script = [str(Path(ddp_train.__file__)), "--backend", backend, "--out", str(out)]
-    env = launch.GLOO_ENV if backend == "gloo" else None
-    launch.run_on_hosts(hosts, script, free_port(), JOB_TIMEOUT_S, out, env)
-    sent = tuple(launch.link_tx_bytes(h) - b for h, b in zip(hosts, before))
-    world = launch.NPROC_PER_NODE * len(hosts)
-    ranks = [
-        torch.load(out / f"{backend}-rank{rank}.pt", weights_only=True)
-        for rank in range(world)
-    ]
-    return Job(ranks, sent)
+@dataclass
+class Jobs:
+    handshake_ms: float  # the fastest TCP handshake between the first and last host
+    grpc: Job
+    gloo: Job
 
 
 def _handshake_ms(client: launch.Host, server: launch.Host) -> float:
@@ -113,84 +105,57 @@ def _handshake_ms(client: launch.Host, server: launch.Host) -> float:
         listener.wait()
 
 
-def _jobs(out: Path, count: int, rtt_ms: int) -> dict[str, object]:
+def _jobs(out: Path, count: int, rtt_ms: int) -> Jobs:
     launch.remove_stale()
     with launch.hosts_up(launch.unique_name(), count, rtt_ms) as hosts:
-        started = time.monotonic()
-        return {
-            "handshake_ms": _handshake_ms(hosts[0], hosts[-1]),
-            "grpc": _run_ddp(hosts, "grpc", out),
-            "gloo": _run_ddp(hosts, "gloo", out),
-            "seconds": time.monotonic() - started,
-        }
+        return Jobs(
+            handshake_ms=_handshake_ms(hosts[0], hosts[-1]),
+            grpc=run_ddp(hosts, "grpc", out, timeout_s=JOB_TIMEOUT_S),
+            gloo=run_ddp(hosts, "gloo", out, launch.GLOO_ENV, JOB_TIMEOUT_S),
+        )
 
 
 @pytest.fixture(scope="module")
-def four_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
+def four_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jobs]:
     if (reason := launch.unavailable_reason(FOUR)) is not None:
         pytest.skip(f"four-host test: {reason}")
     yield _jobs(tmp_path_factory.mktemp("four_hosts"), FOUR, 0)
 
 
 @pytest.fixture(scope="module")
-def long_link(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
+def long_link(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jobs]:
     if (reason := launch.unavailable_reason(2, RTT_MS)) is not None:
         pytest.skip(f"long-link test: {reason}")
     yield _jobs(tmp_path_factory.mktemp("long_link"), 2, RTT_MS)
 
 
-def _check_trained(jobs: dict[str, object], world: int) -> None:
-    grpc, gloo = jobs["grpc"], jobs["gloo"]
-    assert isinstance(grpc, Job) and isinstance(gloo, Job)
+def _check_trained(jobs: Jobs, world: int) -> None:
     replay = ddp_train.local_replay(world)
     start = ddp_train.initial_model(0).state_dict()
     assert any(not torch.allclose(replay[k], start[k], **TOL) for k in replay)
-    for grpc_rank, gloo_rank in zip(grpc.ranks, gloo.ranks, strict=True):
+    for grpc_rank, gloo_rank in zip(jobs.grpc.ranks, jobs.gloo.ranks, strict=True):
         for name, value in replay.items():
             torch.testing.assert_close(grpc_rank["params"][name], value, **TOL)
             torch.testing.assert_close(gloo_rank["params"][name], value, **TOL)
 
 
-def _ranks_per_namespace(job: Job) -> list[int]:
-    here = os.stat("/proc/self/ns/net").st_ino
-    per_netns: dict[int, list[int]] = {}
-    for saved in job.ranks:
-        per_netns.setdefault(saved["netns"], []).append(saved["rank"])
-    assert here not in per_netns
-    return sorted(map(len, per_netns.values()))
-
-
-def test_four_hosts_train_as_gloo_and_the_replay(four_hosts: dict[str, object]) -> None:
-    grpc = four_hosts["grpc"]
-    assert isinstance(grpc, Job)
-    assert _ranks_per_namespace(grpc) == [2] * FOUR
-    assert all(saved["world"] == 2 * FOUR for saved in grpc.ranks)
+def test_four_hosts_train_as_gloo_and_the_replay(four_hosts: Jobs) -> None:
+    assert ranks_per_namespace(four_hosts.grpc) == [2] * FOUR
+    assert all(saved["world"] == 2 * FOUR for saved in four_hosts.grpc.ranks)
     _check_trained(four_hosts, 2 * FOUR)
 
 
-def test_four_hosts_send_fewer_bytes_than_a_flat_ring(
-    four_hosts: dict[str, object],
-) -> None:
+def test_four_hosts_send_fewer_bytes_than_a_flat_ring(four_hosts: Jobs) -> None:
     # gloo's flat ring sends each gradient byte out of each host 2 (world - 1) / world
     # = 1.75 times per step; grpc's two levels 2 (hosts - 1) / hosts = 1.5 times: 0.86x.
-    grpc, gloo = four_hosts["grpc"], four_hosts["gloo"]
-    assert isinstance(grpc, Job) and isinstance(gloo, Job)
-    assert max(grpc.link_bytes) < 0.95 * min(gloo.link_bytes), (
-        grpc.link_bytes,
-        gloo.link_bytes,
-    )
+    grpc, gloo = four_hosts.grpc.link_bytes, four_hosts.gloo.link_bytes
+    assert max(grpc) < 0.95 * min(gloo), (grpc, gloo)
 
 
-def test_the_long_link_delays_each_way(long_link: dict[str, object]) -> None:
-    handshake = long_link["handshake_ms"]
-    assert isinstance(handshake, float)
-    assert RTT_MS <= handshake < 2 * RTT_MS, handshake
+def test_the_long_link_delays_each_way(long_link: Jobs) -> None:
+    assert RTT_MS <= long_link.handshake_ms < 2 * RTT_MS, long_link.handshake_ms
 
 
-def test_two_hosts_40ms_apart_train_as_gloo_and_the_replay(
-    long_link: dict[str, object],
-) -> None:
-    grpc = long_link["grpc"]
-    assert isinstance(grpc, Job)
-    assert _ranks_per_namespace(grpc) == [2, 2]
+def test_two_hosts_40ms_apart_train_as_gloo_and_the_replay(long_link: Jobs) -> None:
+    assert ranks_per_namespace(long_link.grpc) == [2, 2]
     _check_trained(long_link, 4)

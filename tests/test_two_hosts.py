@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,21 +47,34 @@ class Job:
     link_bytes: tuple[int, ...]  # sent out of each host over its link during the job
 
 
-def _run(
-    hosts: tuple[launch.Host, launch.Host],
+def run_ddp(
+    hosts: Sequence[launch.Host],
     backend: str,
     out: Path,
     extra_env: dict[str, str] | None = None,
+    timeout_s: float = JOB_TIMEOUT_S,
 ) -> Job:
+    """tests/two_hosts/ddp_train.py under ``backend`` on every host; what each rank saved
+    and the bytes each host sent over its link."""
     before = [launch.link_tx_bytes(h) for h in hosts]
     script = [str(Path(ddp_train.__file__)), "--backend", backend, "--out", str(out)]
-    launch.run_on_hosts(hosts, script, free_port(), JOB_TIMEOUT_S, out, extra_env)
-    sent = [launch.link_tx_bytes(h) - b for h, b in zip(hosts, before)]
+    launch.run_on_hosts(hosts, script, free_port(), timeout_s, out, extra_env)
+    sent = tuple(launch.link_tx_bytes(h) - b for h, b in zip(hosts, before))
     ranks = [
         torch.load(out / f"{backend}-rank{rank}.pt", weights_only=True)
-        for rank in range(WORLD)
+        for rank in range(launch.NPROC_PER_NODE * len(hosts))
     ]
-    return Job(ranks, (sent[0], sent[1]))
+    return Job(ranks, sent)
+
+
+def ranks_per_namespace(job: Job) -> list[int]:
+    """How many ranks ran in each network namespace, none in the test's own."""
+    here = os.stat("/proc/self/ns/net").st_ino
+    per_netns: dict[int, list[int]] = {}
+    for saved in job.ranks:
+        per_netns.setdefault(saved["netns"], []).append(saved["rank"])
+    assert here not in per_netns
+    return sorted(map(len, per_netns.values()))
 
 
 def _run_wire_dtype(
@@ -87,10 +100,10 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Job]]:
         pytest.skip(f"two-host test: {reason}")
     launch.remove_stale()
     out = tmp_path_factory.mktemp("two_hosts")
-    with launch.two_hosts(launch.unique_name()) as hosts:
+    with launch.hosts_up(launch.unique_name()) as hosts:
         yield {
-            "grpc": _run(hosts, "grpc", out),
-            "gloo": _run(hosts, "gloo", out, launch.GLOO_ENV),
+            "grpc": run_ddp(hosts, "grpc", out),
+            "gloo": run_ddp(hosts, "gloo", out, launch.GLOO_ENV),
             "wire bfloat16": _run_wire_dtype(hosts, "bfloat16", out),
             "wire float32": _run_wire_dtype(hosts, "float32", out),
         }
@@ -106,13 +119,8 @@ def _param_bytes() -> int:
 def test_two_ranks_in_each_of_two_namespaces(
     jobs: dict[str, Job], backend: str
 ) -> None:
-    here = os.stat("/proc/self/ns/net").st_ino
-    per_netns: dict[int, list[int]] = {}
-    for saved in jobs[backend].ranks:
-        assert saved["world"] == WORLD
-        per_netns.setdefault(saved["netns"], []).append(saved["rank"])
-    assert here not in per_netns
-    assert sorted(map(len, per_netns.values())) == [2, 2], per_netns
+    assert all(saved["world"] == WORLD for saved in jobs[backend].ranks)
+    assert ranks_per_namespace(jobs[backend]) == [2, 2]
 
 
 def test_grpc_traffic_crossed_the_link(jobs: dict[str, Job]) -> None:

@@ -1,13 +1,13 @@
-""" "Hosts" as network namespaces (netns.sh), and torchrun across them.
+"""Network namespaces standing for hosts (netns.sh), and torchrun across them.
 
 Two hosts on one veth pair, more on a bridge, or any number behind a hub that delays
-every frame (a long link). Shared by tests/test_two_hosts.py and benchmarks/two_hosts.py. Every subprocess runs
-under a timeout, and whatever a job leaves running is killed.
+every frame (a long link). Shared by tests/test_two_hosts.py, tests/test_more_hosts.py and
+benchmarks/two_hosts.py. Every subprocess runs under a timeout, and whatever a job leaves
+running is killed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import subprocess
@@ -116,11 +116,6 @@ def hosts_up(name: str, count: int = 2, rtt_ms: int = 0) -> Iterator[tuple[Host,
         yield tuple(Host(ns, address) for ns, address in zip(lines[::2], lines[1::2]))
     finally:
         netns("down", name)
-
-
-def two_hosts(name: str) -> contextlib.AbstractContextManager[tuple[Host, ...]]:
-    """Two hosts on one veth pair."""
-    return hosts_up(name)
 
 
 def set_name(hosts: Sequence[Host]) -> str:
