@@ -141,40 +141,54 @@ void direct_allreduce(Collective& c, std::byte* buf) {
 // finished segment is passed on too, which is the first step of an allgather.
 // Partial sums are rounded to the wire dtype only on the links that narrow;
 // the finished segment, which every rank will hold, is rounded by its owner
-// before it goes anywhere, so that no link changes it afterwards.
+// before it goes anywhere, so that no link changes it afterwards. Its first
+// send and each step are functions of their own, which the two-level allreduce
+// interleaves over pieces of its buffer.
+void ring_reduce_scatter_first_send(Collective& c, const Ring& ring, std::byte* buf, Range range, int shift) {
+  for_each_chunk(c, segment(range, ring.size(), ring_index(ring.position - shift, ring.size())),
+                 [&](uint64_t off, uint64_t len) { c.send(ring.next(), buf, off, len); });
+}
+
+void ring_reduce_scatter_step(Collective& c, const Ring& ring, std::byte* buf, Range range, int shift,
+                              bool send_final, int step) {
+  const int w = ring.size();
+  const bool forward = send_final || step < w - 2;
+  const Range reduced = segment(range, w, ring_index(ring.position - shift - step - 1, w));
+  for_each_chunk(c, reduced, [&](uint64_t off, uint64_t len) {
+    ReceivedFrame frame = c.recv(ring.prev(), off, len);
+    reduce_frame_into(c, buf, off, frame);
+    if (send_final && step == w - 2) c.round_to_wire(buf, off, len);
+    if (forward) c.send(ring.next(), buf, off, len);
+  });
+}
+
 void ring_reduce_scatter(Collective& c, const Ring& ring, std::byte* buf, Range range, int shift,
                          bool send_final) {
-  const int p = ring.position;
-  const int w = ring.size();
-  for_each_chunk(c, segment(range, w, ring_index(p - shift, w)),
-                 [&](uint64_t off, uint64_t len) { c.send(ring.next(), buf, off, len); });
-  for (int step = 0; step < w - 1; ++step) {
-    const bool forward = send_final || step < w - 2;
-    for_each_chunk(c, segment(range, w, ring_index(p - shift - step - 1, w)), [&](uint64_t off, uint64_t len) {
-      ReceivedFrame frame = c.recv(ring.prev(), off, len);
-      reduce_frame_into(c, buf, off, frame);
-      if (send_final && step == w - 2) c.round_to_wire(buf, off, len);
-      if (forward) c.send(ring.next(), buf, off, len);
-    });
+  ring_reduce_scatter_first_send(c, ring, buf, range, shift);
+  for (int step = 0; step < ring.size() - 1; ++step) {
+    ring_reduce_scatter_step(c, ring, buf, range, shift, send_final, step);
   }
 }
 
 // Allgather around `ring` of its segments of `range`, this rank holding the
 // finished segment `owned`; `already_sent` when a reduce-scatter with
-// send_final has passed it on.
-void ring_allgather(Collective& c, const Ring& ring, std::byte* buf, Range range, int owned, bool already_sent) {
+// send_final has passed it on. Step by step as the reduce-scatter.
+void ring_allgather_step(Collective& c, const Ring& ring, std::byte* buf, Range range, int owned, int step) {
   const int w = ring.size();
+  const bool forward = step < w - 2;
+  for_each_chunk(c, segment(range, w, ring_index(owned - step - 1, w)), [&](uint64_t off, uint64_t len) {
+    ReceivedFrame frame = c.recv(ring.prev(), off, len);
+    copy_frame_into(c, buf, off, frame);
+    if (forward) c.send(ring.next(), buf, off, len);
+  });
+}
+
+void ring_allgather(Collective& c, const Ring& ring, std::byte* buf, Range range, int owned, bool already_sent) {
   if (!already_sent) {
-    for_each_chunk(c, segment(range, w, owned), [&](uint64_t off, uint64_t len) { c.send(ring.next(), buf, off, len); });
+    for_each_chunk(c, segment(range, ring.size(), owned),
+                   [&](uint64_t off, uint64_t len) { c.send(ring.next(), buf, off, len); });
   }
-  for (int step = 0; step < w - 1; ++step) {
-    const bool forward = step < w - 2;
-    for_each_chunk(c, segment(range, w, ring_index(owned - step - 1, w)), [&](uint64_t off, uint64_t len) {
-      ReceivedFrame frame = c.recv(ring.prev(), off, len);
-      copy_frame_into(c, buf, off, frame);
-      if (forward) c.send(ring.next(), buf, off, len);
-    });
-  }
+  for (int step = 0; step < ring.size() - 1; ++step) ring_allgather_step(c, ring, buf, range, owned, step);
 }
 
 void ring_allreduce(Collective& c, const Ring& ring, std::byte* buf, Range range) {
@@ -182,18 +196,56 @@ void ring_allreduce(Collective& c, const Ring& ring, std::byte* buf, Range range
   ring_allgather(c, ring, buf, range, ring_index(ring.position + 1, ring.size()), /*already_sent=*/true);
 }
 
+// How many pieces the two-level allreduce pipelines: as many as keep every
+// frame across hosts a whole chunk (each piece splits into local x across
+// segments), at most kMaxTwoLevelPieces. A buffer too small for two runs in one
+// piece, exactly as an unpipelined schedule would.
+constexpr uint64_t kMaxTwoLevelPieces = 8;
+
+uint64_t two_level_pieces(const Collective& c, const Ring& local, const Ring& across) {
+  const uint64_t piece_min = static_cast<uint64_t>(local.size()) * static_cast<uint64_t>(across.size()) *
+                             static_cast<uint64_t>(c.chunk_elements());
+  return std::clamp<uint64_t>(c.count() / std::max<uint64_t>(piece_min, 1), 1, kMaxTwoLevelPieces);
+}
+
 // Reduce-scatter inside each host, so that every rank holds its host's sum of
 // one segment; allreduce of that segment across hosts, with the rank at the
 // same place on every other host; allgather inside each host. Each byte
 // crosses between two hosts 2 (hosts - 1) / hosts times per host instead of
 // 2 (world - 1) / world times per rank on the border.
+//
+// The buffer goes in pieces, so that the work inside a host hides behind the
+// link between hosts, the slowest one: a piece's first frames across leave as
+// soon as its reduce-scatter inside the host is done, while the next piece's
+// runs; each piece's allgather inside the host runs while later pieces are
+// still on the link. Sends return at once, so only the receives order the
+// work. The steps across hosts run step by step over all pieces, in the order
+// in which the peer across sent them: frames from one peer arrive in the order
+// sent, and each receive checks the offset it expects.
 void two_level_allreduce(Collective& c, std::byte* buf, const HostLayout& hosts) {
   const Range all{0, c.count()};
   const Ring local{hosts.local_ranks(c.rank()), hosts.position_on_host(c.rank())};
   const Ring across{hosts.counterparts(c.rank()), hosts.host_of(c.rank())};
-  ring_reduce_scatter(c, local, buf, all, /*shift=*/1, /*send_final=*/false);
-  ring_allreduce(c, across, buf, segment(all, local.size(), local.position));
-  ring_allgather(c, local, buf, all, local.position, /*already_sent=*/false);
+  const uint64_t pieces = two_level_pieces(c, local, across);
+  const auto piece = [&](uint64_t i) { return segment(all, static_cast<int>(pieces), static_cast<int>(i)); };
+  // The segment of piece i that this rank reduces across hosts after the local reduce-scatter.
+  const auto across_part = [&](uint64_t i) { return segment(piece(i), local.size(), local.position); };
+  const int owned_across = ring_index(across.position + 1, across.size());
+  for (uint64_t i = 0; i < pieces; ++i) {
+    ring_reduce_scatter(c, local, buf, piece(i), /*shift=*/1, /*send_final=*/false);
+    ring_reduce_scatter_first_send(c, across, buf, across_part(i), /*shift=*/0);
+  }
+  for (int step = 0; step < across.size() - 1; ++step) {
+    for (uint64_t i = 0; i < pieces; ++i) {
+      ring_reduce_scatter_step(c, across, buf, across_part(i), /*shift=*/0, /*send_final=*/true, step);
+    }
+  }
+  for (int step = 0; step < across.size() - 1; ++step) {
+    for (uint64_t i = 0; i < pieces; ++i) {
+      ring_allgather_step(c, across, buf, across_part(i), owned_across, step);
+      if (step == across.size() - 2) ring_allgather(c, local, buf, piece(i), local.position, /*already_sent=*/false);
+    }
+  }
 }
 
 }  // namespace
