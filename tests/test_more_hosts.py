@@ -1,5 +1,9 @@
 """DDP across four "hosts" on a bridge, and across two hosts 40 ms apart.
 
+Across four hosts grpc trains twice: with its default allreduce in two levels, and with
+``TORCH_GRPC_PG_TWO_LEVEL=0``, a flat ring like gloo's, which must then send what gloo
+sends.
+
 Like tests/test_two_hosts.py, each job is torchrun with nothing but its own flags on every
 network namespace, two ranks per host (tests/two_hosts/launch.py), and trains
 tests/two_hosts/ddp_train.py in float64. The oracles: gloo's parameters from the same
@@ -35,6 +39,7 @@ pytestmark = pytest.mark.timeout(900)
 JOB_TIMEOUT_S = 300.0
 FOUR = 4
 RTT_MS = 40
+FLAT_RING_ENV = {"TORCH_GRPC_PG_TWO_LEVEL": "0"}
 
 # Times TCP handshakes from inside a namespace to ADDRESS:PORT and prints the fastest
 # in ms: the SYN and SYN-ACK cross the link once each way. The first one also waits for
@@ -63,6 +68,7 @@ class Jobs:
     handshake_ms: float  # the fastest TCP handshake between the first and last host
     grpc: Job
     gloo: Job
+    grpc_flat: Job | None = None  # with FLAT_RING_ENV
 
 
 def _handshake_ms(client: launch.Host, server: launch.Host) -> float:
@@ -105,13 +111,18 @@ def _handshake_ms(client: launch.Host, server: launch.Host) -> float:
         listener.wait()
 
 
-def _jobs(out: Path, count: int, rtt_ms: int) -> Jobs:
+def _jobs(out: Path, count: int, rtt_ms: int, flat_ring: bool = False) -> Jobs:
     launch.remove_stale()
     with launch.hosts_up(launch.unique_name(), count, rtt_ms) as hosts:
+        flat_out = out / "flat"
+        flat_out.mkdir()
         return Jobs(
             handshake_ms=_handshake_ms(hosts[0], hosts[-1]),
             grpc=run_ddp(hosts, "grpc", out, timeout_s=JOB_TIMEOUT_S),
             gloo=run_ddp(hosts, "gloo", out, launch.GLOO_ENV, JOB_TIMEOUT_S),
+            grpc_flat=run_ddp(hosts, "grpc", flat_out, FLAT_RING_ENV, JOB_TIMEOUT_S)
+            if flat_ring
+            else None,
         )
 
 
@@ -119,7 +130,7 @@ def _jobs(out: Path, count: int, rtt_ms: int) -> Jobs:
 def four_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jobs]:
     if (reason := launch.unavailable_reason(FOUR)) is not None:
         pytest.skip(f"four-host test: {reason}")
-    yield _jobs(tmp_path_factory.mktemp("four_hosts"), FOUR, 0)
+    yield _jobs(tmp_path_factory.mktemp("four_hosts"), FOUR, 0, flat_ring=True)
 
 
 @pytest.fixture(scope="module")
@@ -133,10 +144,12 @@ def _check_trained(jobs: Jobs, world: int) -> None:
     replay = ddp_train.local_replay(world)
     start = ddp_train.initial_model(0).state_dict()
     assert any(not torch.allclose(replay[k], start[k], **TOL) for k in replay)
-    for grpc_rank, gloo_rank in zip(jobs.grpc.ranks, jobs.gloo.ranks, strict=True):
-        for name, value in replay.items():
-            torch.testing.assert_close(grpc_rank["params"][name], value, **TOL)
-            torch.testing.assert_close(gloo_rank["params"][name], value, **TOL)
+    trained = [jobs.grpc, jobs.gloo] + ([jobs.grpc_flat] if jobs.grpc_flat else [])
+    for job in trained:
+        assert len(job.ranks) == world
+        for saved in job.ranks:
+            for name, value in replay.items():
+                torch.testing.assert_close(saved["params"][name], value, **TOL)
 
 
 def test_four_hosts_train_as_gloo_and_the_replay(four_hosts: Jobs) -> None:
@@ -150,6 +163,22 @@ def test_four_hosts_send_fewer_bytes_than_a_flat_ring(four_hosts: Jobs) -> None:
     # = 1.75 times per step; grpc's two levels 2 (hosts - 1) / hosts = 1.5 times: 0.86x.
     grpc, gloo = four_hosts.grpc.link_bytes, four_hosts.gloo.link_bytes
     assert max(grpc) < 0.95 * min(gloo), (grpc, gloo)
+
+
+def test_four_hosts_flat_ring_sends_what_gloo_sends(four_hosts: Jobs) -> None:
+    # With two levels off, both backends run one ring over the eight ranks: 1.75 sends
+    # of each gradient byte out of each host per step, against two levels' 1.5. Hosts
+    # also send what is not gradients, unevenly: the first host serves the rendezvous
+    # store, and the first hosts forward DDP's first broadcast. So the least-loaded host
+    # is compared, which sends the ring's share and little else.
+    assert four_hosts.grpc_flat is not None
+    assert ranks_per_namespace(four_hosts.grpc_flat) == [2] * FOUR
+    flat = min(four_hosts.grpc_flat.link_bytes)
+    gloo = min(four_hosts.gloo.link_bytes)
+    two_level = min(four_hosts.grpc.link_bytes)
+    sent = f"least per host: flat {flat}, gloo {gloo}, two levels {two_level}"
+    assert 0.95 * gloo < flat < 1.05 * gloo, sent
+    assert flat > 1.1 * two_level, sent
 
 
 def test_the_long_link_delays_each_way(long_link: Jobs) -> None:

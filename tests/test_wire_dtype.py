@@ -31,10 +31,14 @@ JOBS: dict[str, tuple[list[list[int]], str]] = {
     "2x2 bfloat16": ([[0, 1], [2, 3]], "bfloat16"),
     "2x2 float16": ([[0, 1], [2, 3]], "float16"),
     "2x2 float32": ([[0, 1], [2, 3]], "float32"),
+    "2x2 bfloat16 flat ring": ([[0, 1], [2, 3]], "bfloat16"),
     "2+1 bfloat16": ([[0, 1], [2]], "bfloat16"),
     "1x3 bfloat16": ([[0, 1, 2]], "bfloat16"),
     "1x3 float32": ([[0, 1, 2]], "float32"),
 }
+# Jobs run with TORCH_GRPC_PG_TWO_LEVEL=0: one ring over all ranks, whose links between
+# hosts narrow and whose links inside a host do not.
+FLAT_RING = {"2x2 bfloat16 flat ring"}
 UNIT_ROUNDOFF = {"bfloat16": 2.0**-8, "float16": 2.0**-11, "float32": 2.0**-24}
 # Half of float16's smallest subnormal: the most a rounding of a tiny value is off by.
 FLOAT16_FLOOR = 2.0**-25
@@ -64,6 +68,7 @@ def run_job(
                 "MASTER_PORT": str(free_port()),
                 "TORCH_GRPC_PG_WIRE_DTYPE": wire,
                 "TORCH_GRPC_PG_CHUNK_BYTES": str(64 << 10),
+                "TORCH_GRPC_PG_TWO_LEVEL": "0" if name in FLAT_RING else "1",
             }
             fake_hosts.run(hosts, [job.__file__, str(out)], env, out, JOB_TIMEOUT_S)
             world = sum(map(len, hosts))
@@ -109,7 +114,9 @@ def _assert_within_rounding(
     )
 
 
-@pytest.mark.parametrize("name", ["2x2 bfloat16", "2x2 float16", "2+1 bfloat16"])
+@pytest.mark.parametrize(
+    "name", ["2x2 bfloat16", "2x2 float16", "2+1 bfloat16", "2x2 bfloat16 flat ring"]
+)
 def test_every_rank_ends_with_the_same_bytes(
     run_job: Callable[[str], Results], name: str
 ) -> None:
@@ -122,7 +129,9 @@ def test_every_rank_ends_with_the_same_bytes(
             ), f"{name}, {case}: rank {rank} holds other bytes than rank 0"
 
 
-@pytest.mark.parametrize("name", ["2x2 bfloat16", "2x2 float16", "2+1 bfloat16"])
+@pytest.mark.parametrize(
+    "name", ["2x2 bfloat16", "2x2 float16", "2+1 bfloat16", "2x2 bfloat16 flat ring"]
+)
 def test_reductions_are_within_the_rounding_bound_of_float64(
     run_job: Callable[[str], Results], name: str
 ) -> None:
@@ -160,7 +169,9 @@ def test_reductions_are_within_the_rounding_bound_of_float64(
         )
 
 
-@pytest.mark.parametrize("name", ["2x2 bfloat16", "2+1 bfloat16"])
+@pytest.mark.parametrize(
+    "name", ["2x2 bfloat16", "2+1 bfloat16", "2x2 bfloat16 flat ring"]
+)
 def test_the_wire_dtype_was_used(run_job: Callable[[str], Results], name: str) -> None:
     # The ring and two-level schedules round each result where it is finished, so all
     # of it is bfloat16 values; float32 sums of these inputs almost never are.
@@ -191,6 +202,17 @@ def test_moved_values_are_the_senders_rounded_once(
         )
 
 
+def test_two_level_off_reduces_in_another_order(
+    run_job: Callable[[str], Results],
+) -> None:
+    # The same inputs summed around one ring of four instead of two levels: the float32
+    # additions run in another order, which changes the last bits of some of the 300007
+    # results (each schedule's own results are checked against float64 above).
+    flat = run_job("2x2 bfloat16 flat ring")[0]["all_reduce_large"]
+    two_level = run_job("2x2 bfloat16")[0]["all_reduce_large"]
+    assert not torch.equal(flat, two_level)
+
+
 def test_other_dtypes_are_unchanged(run_job: Callable[[str], Results]) -> None:
     narrowed, plain = run_job("2x2 bfloat16"), run_job("2x2 float32")
     for rank, (a, b) in enumerate(zip(narrowed, plain)):
@@ -209,7 +231,7 @@ def test_one_host_is_unchanged(run_job: Callable[[str], Results]) -> None:
 # --------------------------------------------------------------------------- the option
 
 
-def _init_with_wire_dtype(ctx: RankContext, wire_dtypes: list[str]) -> str:
+def _init_with_options(ctx: RankContext, options: list[dict[str, object]]) -> str:
     import torch_grpc_pg
 
     store = dist.PrefixStore("wire", ctx.store())
@@ -220,7 +242,7 @@ def _init_with_wire_dtype(ctx: RankContext, wire_dtypes: list[str]) -> str:
             rank=ctx.rank,
             world_size=ctx.world_size,
             timeout=timedelta(seconds=30),
-            pg_options=torch_grpc_pg.Options(wire_dtype=wire_dtypes[ctx.rank]),
+            pg_options=torch_grpc_pg.Options(**options[ctx.rank]),
         )
     except RuntimeError as error:
         return str(error)
@@ -229,15 +251,32 @@ def _init_with_wire_dtype(ctx: RankContext, wire_dtypes: list[str]) -> str:
 
 
 def test_ranks_with_different_wire_dtypes_are_refused_at_the_handshake() -> None:
-    results = run_ranks(
-        _init_with_wire_dtype, 2, ["float32", "bfloat16"], timeout_s=120
-    )
+    options = [{"wire_dtype": "float32"}, {"wire_dtype": "bfloat16"}]
+    results = run_ranks(_init_with_options, 2, options, timeout_s=120)
     for result in results:
         message = result.value
         assert "wire_dtype=float32" in message and "wire_dtype=bfloat16" in message, (
             f"rank {result.rank}: {message}"
         )
         assert "TORCH_GRPC_PG_WIRE_DTYPE" in message, f"rank {result.rank}: {message}"
+
+
+def test_ranks_with_and_without_two_levels_are_refused_at_the_handshake() -> None:
+    options = [{"two_level": True}, {"two_level": False}]
+    results = run_ranks(_init_with_options, 2, options, timeout_s=120)
+    for result in results:
+        message = result.value
+        assert "two_level=on" in message and "two_level=off" in message, (
+            f"rank {result.rank}: {message}"
+        )
+        assert "TORCH_GRPC_PG_TWO_LEVEL" in message, f"rank {result.rank}: {message}"
+
+
+def test_two_level_follows_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Options().two_level is True
+    monkeypatch.setenv("TORCH_GRPC_PG_TWO_LEVEL", "0")
+    assert Options().two_level is False
+    assert Options(two_level=True).two_level is True
 
 
 def test_wire_dtype_follows_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -89,6 +89,7 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "shared_memory": ("TORCH_GRPC_PG_SHARED_MEMORY", lambda v: _env_bool(v, True)),
     "encrypt": ("TORCH_GRPC_PG_ENCRYPT", lambda v: _env_bool(v, True)),
     "wire_dtype": ("TORCH_GRPC_PG_WIRE_DTYPE", lambda v: _env_str(v, "float32")),
+    "two_level": ("TORCH_GRPC_PG_TWO_LEVEL", lambda v: _env_bool(v, True)),
 }
 
 # What float32 may travel as on links between hosts (wire_dtype).
@@ -135,6 +136,7 @@ class Options:
     shared_memory: bool = None  # type: ignore[assignment]
     encrypt: bool = None  # type: ignore[assignment]
     wire_dtype: str = None  # type: ignore[assignment]
+    two_level: bool = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         self._given = frozenset(

@@ -83,12 +83,14 @@ def group_settings(
     direct_max_bytes: int = 64 << 10,
     tls: bool = False,
     wire_dtype: str = "float32",
+    two_level: bool = True,
 ) -> str:
     """The Hello's `settings`, as the ranks write them (csrc/backend/bindings.cc, and
     csrc/transport/grpc_messenger.cc for TLS)."""
     return (
         f"chunk_bytes={chunk_bytes} direct_max_bytes={direct_max_bytes} "
-        f"wire_dtype={wire_dtype} tls={'on' if tls else 'off'}"
+        f"wire_dtype={wire_dtype} two_level={'on' if two_level else 'off'} "
+        f"tls={'on' if tls else 'off'}"
     )
 
 

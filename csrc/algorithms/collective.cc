@@ -139,8 +139,8 @@ ReceivedFrame Collective::recv(int src, uint64_t offset, uint64_t n) {
     std::ostringstream out;
     out << describe() << " on rank " << rank_ << " runs the " << name(static_cast<uint32_t>(schedule_))
         << " schedule, rank " << src << " the " << name(h.schedule)
-        << " one. The ranks disagree on direct_max_bytes: set TORCH_GRPC_PG_DIRECT_MAX_BYTES to the same "
-           "value on every rank.";
+        << " one. The ranks disagree on direct_max_bytes or two_level: set TORCH_GRPC_PG_DIRECT_MAX_BYTES "
+           "and TORCH_GRPC_PG_TWO_LEVEL to the same values on every rank.";
     throw CollectiveError(out.str());
   }
   // A narrowed chunk has 2 bytes per element: checked before a byte of it is read.

@@ -45,12 +45,13 @@ PYBIND11_MODULE(_C, m) {
                        const std::string& tls_server_name, size_t chunk_bytes, size_t direct_max_bytes,
                        size_t max_queued_frames, std::chrono::milliseconds connect_timeout,
                        size_t flight_recorder_size, const std::string& flight_recorder_dir, bool health_public,
-                       bool tune_malloc, bool shared_memory, bool encrypt, const std::string& wire_dtype) {
+                       bool tune_malloc, bool shared_memory, bool encrypt, const std::string& wire_dtype, bool two_level) {
              tgpg::BackendOptions options;
              options.timeout = timeout;
              options.group_name = group_name;
              options.chunk_bytes = chunk_bytes;
              options.direct_max_bytes = direct_max_bytes;
+             options.two_level = two_level;
              // torch_grpc_pg/options.py has checked the name.
              if (wire_dtype == "bfloat16") options.wire_dtype = tgpg::DType::BFloat16;
              else if (wire_dtype == "float16") options.wire_dtype = tgpg::DType::Float16;
@@ -70,7 +71,8 @@ PYBIND11_MODULE(_C, m) {
              // Keep in step with torch_grpc_pg/wire.py's group_settings().
              options.transport.group_settings = "chunk_bytes=" + std::to_string(chunk_bytes) +
                                                 " direct_max_bytes=" + std::to_string(direct_max_bytes) +
-                                                " wire_dtype=" + wire_dtype;
+                                                " wire_dtype=" + wire_dtype +
+                                                " two_level=" + (two_level ? "on" : "off");
              options.transport.flight_recorder_size = flight_recorder_size;
              options.transport.flight_recorder_dir = flight_recorder_dir;
              options.transport.health_public = health_public;
@@ -87,6 +89,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("max_queued_frames"), py::arg("connect_timeout"), py::arg("flight_recorder_size"),
            py::arg("flight_recorder_dir"), py::arg("health_public"), py::arg("tune_malloc"),
            py::arg("shared_memory"), py::arg("encrypt"), py::arg("wire_dtype"),
+           py::arg("two_level"),
            // Rendezvous waits on the store and on peers; other Python threads run meanwhile.
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("tcp_address", &tgpg::ProcessGroupGrpc::tcp_address,

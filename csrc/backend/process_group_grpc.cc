@@ -247,6 +247,7 @@ std::string ProcessGroupGrpc::connect_peers(const c10::intrusive_ptr<c10d::Store
     messenger_->set_peer_endpoints(endpoints);
     p2p_->set_peer_endpoints(endpoints);
     hosts_ = HostLayout(messenger_->host_ids());
+    if (options_.two_level) allreduce_hosts_ = hosts_;
     remote_.assign(static_cast<size_t>(size_), false);
     for (int r = 0; r < size_ && hosts_.world() == size_; ++r) remote_[r] = hosts_.host_of(r) != hosts_.host_of(rank_);
   } catch (const std::exception& e) {

@@ -33,6 +33,9 @@ struct BackendOptions {
   // What float32 all_reduce, reduce_scatter, all_gather and broadcast send as
   // on links between hosts: Float32 (as they are), BFloat16 or Float16.
   DType wire_dtype = DType::Float32;
+  // Whether allreduce runs in two levels (inside each host, then across) when
+  // the group spans hosts of equally many ranks; off: one flat ring.
+  bool two_level = true;
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   std::string group_name;
 };
@@ -251,6 +254,8 @@ class ProcessGroupGrpc : public c10d::Backend {
   std::shared_ptr<GroupTransport> p2p_;  // point-to-point messages, on streams of their own
   // Which ranks share a host; set once the peers' endpoints are known, before any op.
   HostLayout hosts_;
+  // What allreduce schedules by: hosts_, or no layout (a flat ring) with two_level off.
+  HostLayout allreduce_hosts_;
   // The group's shared segment, when every rank lives on this host and mapped it.
   std::unique_ptr<SegmentGroup> segment_;
   // By rank: on another host than this rank (from hosts_), for wire_dtype.

@@ -56,7 +56,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::reduce(std::vector<at::Tensor>&
                    premultiply(work, reduce_op);
                    Collective c = collective(OpType::Reduce, seq, dtype, count, timeout, keep_alive({work}), root,
                                              reduce_op.reduction);
-                   tgpg::allreduce(c, bytes_of(work), options_.direct_max_bytes, hosts_);
+                   tgpg::allreduce(c, bytes_of(work), options_.direct_max_bytes, allreduce_hosts_);
                    c.wait_sends_released();
                    if (!is_root) return;
                    if (reduce_op.reduction.average) work.div_(size_);

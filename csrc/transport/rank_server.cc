@@ -246,7 +246,8 @@ std::shared_ptr<ServedGroup> RankServer::find_group(const std::string& key, int 
   if (settings != group->settings) {
     *error = "rank " + std::to_string(src) + " runs this group with " + settings + ", rank " +
              std::to_string(group->rank) + " with " + group->settings +
-             ". Set TORCH_GRPC_PG_CHUNK_BYTES, TORCH_GRPC_PG_DIRECT_MAX_BYTES and TORCH_GRPC_PG_WIRE_DTYPE (or "
+             ". Set TORCH_GRPC_PG_CHUNK_BYTES, TORCH_GRPC_PG_DIRECT_MAX_BYTES, TORCH_GRPC_PG_WIRE_DTYPE and "
+             "TORCH_GRPC_PG_TWO_LEVEL (or "
              "the Options fields) to the same values on every rank, and the TLS settings (TORCH_GRPC_PG_TLS_*) on all ranks or none.";
     return nullptr;
   }
