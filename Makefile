@@ -133,9 +133,10 @@ fuzz: $(CPP_TEST_STAMP)
 # tests/test_two_hosts.py makes its own pair under a name of its own, and skips without root.
 #   make netns-up                     create the pair (replacing one of that name)
 #   make netns-down                   delete it
-#   make bench-two-hosts              grpc (float32 and bfloat16 on the wire) vs gloo, 64 MiB allreduce
-#                                     at 1 Gbit/s: two and four hosts, each with no delay and 40 ms
-#                                     round trips (benchmarks/two_hosts.py; about 15 minutes)
+#   make bench-two-hosts              grpc (float32 in two levels and as a flat ring, bfloat16 on the
+#                                     wire) vs gloo, 64 MiB allreduce at 1 Gbit/s: two and four hosts,
+#                                     each with no delay and 40 ms round trips
+#                                     (benchmarks/two_hosts.py; about 18 minutes)
 NETNS_NAME ?= tgpg
 .PHONY: netns-up netns-down bench-two-hosts
 

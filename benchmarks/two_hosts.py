@@ -1,11 +1,12 @@
 """Allreduce bus bandwidth of grpc and gloo between "hosts" over a rate-limited link.
 
-    .venv/bin/python benchmarks/two_hosts.py       # needs root and ip netns; ~15 min
+    .venv/bin/python benchmarks/two_hosts.py       # needs root and ip netns; ~18 min
     .venv/bin/python benchmarks/two_hosts.py --hosts 2 --rtts 0 --rates 1gbit,5gbit --sizes 1M,64M
     .venv/bin/python benchmarks/two_hosts.py --hosts 2 --rtts 100 --wire-dtypes ""
 
 By default: 64 MiB at 1 Gbit/s, two and four hosts, each with no delay and 40 ms round
-trips, grpc in float32 and with bfloat16 on the wire, 3 runs each.
+trips, grpc in float32 (in two levels and as a flat ring) and with bfloat16 on the wire, 3
+runs each.
 
 Network namespaces stand for machines (tests/two_hosts/netns.sh): two on one veth pair,
 more on a bridge, and with a round-trip time (--rtts, in ms) behind a hub that holds every
@@ -18,7 +19,9 @@ can reach the link rate: the table gives it as a fraction of that rate. Medians 
 runs.
 
 With --wire-dtypes bfloat16 (or float16), grpc also runs with that wire_dtype, as a backend
-of its own ("grpc+bfloat16"). After the timings each job counts the bytes every backend
+of its own ("grpc+bfloat16"). With --flat-ring (the default) grpc also runs its allreduce as
+one ring over all ranks, as gloo does (two_level=0, "grpc+flat"): the same schedule as gloo's
+over grpc's transport. After the timings each job counts the bytes every backend
 sends over the link (veth0's tx counter in each namespace) for a few allreduces of each
 size: the table's "link MB/op" is the most any host sent per allreduce.
 """
@@ -95,6 +98,16 @@ def worker(args: argparse.Namespace) -> None:
         )
         assert group is not None
         groups[f"grpc+{wire}"] = group
+    if args.flat_ring:
+        import torch_grpc_pg
+
+        group = dist.new_group(
+            backend="grpc",
+            timeout=timeout,
+            pg_options=torch_grpc_pg.Options(two_level=False),
+        )
+        assert group is not None
+        groups["grpc+flat"] = group
     rows: list[Row] = []
     for size in args.sizes:
         nbytes = actual_bytes("allreduce", "float32", size, world)
@@ -161,6 +174,7 @@ def run_rate(
                 "--min-time", str(args.min_time),
                 "--timeout", str(args.timeout),
                 "--wire-dtypes", ",".join(args.wire_dtypes),
+                "--flat-ring" if args.flat_ring else "--no-flat-ring",
             ]  # fmt: skip
             launch.run_on_hosts(
                 hosts, script, free_port(), args.timeout, Path(tmp), launch.GLOO_ENV
@@ -260,6 +274,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=parse_list,
         default=["bfloat16"],
         help="also run grpc with each of these wire_dtypes (bfloat16, float16)",
+    )
+    parser.add_argument(
+        "--flat-ring",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run grpc's allreduce as one flat ring (two_level=0)",
     )
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument(
