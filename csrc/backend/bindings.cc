@@ -45,7 +45,8 @@ PYBIND11_MODULE(_C, m) {
                        const std::string& tls_server_name, size_t chunk_bytes, size_t direct_max_bytes,
                        size_t max_queued_frames, std::chrono::milliseconds connect_timeout,
                        size_t flight_recorder_size, const std::string& flight_recorder_dir, bool health_public,
-                       bool tune_malloc, bool shared_memory, bool encrypt, const std::string& wire_dtype, bool two_level) {
+                       bool tune_malloc, bool shared_memory, bool encrypt, const std::string& wire_dtype,
+                       bool two_level) {
              tgpg::BackendOptions options;
              options.timeout = timeout;
              options.group_name = group_name;

@@ -72,7 +72,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allreduce_coalesced(
                                              static_cast<uint64_t>(packed.numel()), timeout, keep_alive({packed}),
                                              /*root=*/0, reduce_op.reduction);
                    narrow_between_hosts(c);
-                   tgpg::allreduce(c, static_cast<std::byte*>(packed.data_ptr()), options_.direct_max_bytes, allreduce_hosts_);
+                   tgpg::allreduce(c, static_cast<std::byte*>(packed.data_ptr()), options_.direct_max_bytes,
+                                   allreduce_hosts_);
                    c.wait_sends_released();
                    if (reduce_op.reduction.average) packed.div_(size_);
                    int64_t offset = 0;
