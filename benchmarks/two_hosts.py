@@ -88,26 +88,19 @@ def worker(args: argparse.Namespace) -> None:
     payload = {"warmup": args.warmup, "iters": None, "min_time": args.min_time}
     ctx = RankContext(rank, world, torch.device("cpu"), payload, timeout, None)
     groups = {b: ctx.new_group(b) for b in BACKENDS}
-    for wire in args.wire_dtypes:
-        import torch_grpc_pg
+    # grpc again under other options, each as a backend of its own.
+    import torch_grpc_pg
 
-        group = dist.new_group(
-            backend="grpc",
-            timeout=timeout,
-            pg_options=torch_grpc_pg.Options(wire_dtype=wire),
-        )
-        assert group is not None
-        groups[f"grpc+{wire}"] = group
+    variants = {
+        f"grpc+{wire}": torch_grpc_pg.Options(wire_dtype=wire)
+        for wire in args.wire_dtypes
+    }
     if args.flat_ring:
-        import torch_grpc_pg
-
-        group = dist.new_group(
-            backend="grpc",
-            timeout=timeout,
-            pg_options=torch_grpc_pg.Options(two_level=False),
-        )
+        variants["grpc+flat"] = torch_grpc_pg.Options(two_level=False)
+    for label, options in variants.items():
+        group = dist.new_group(backend="grpc", timeout=timeout, pg_options=options)
         assert group is not None
-        groups["grpc+flat"] = group
+        groups[label] = group
     rows: list[Row] = []
     for size in args.sizes:
         nbytes = actual_bytes("allreduce", "float32", size, world)

@@ -114,16 +114,19 @@ def _handshake_ms(client: launch.Host, server: launch.Host) -> float:
 def _jobs(out: Path, count: int, rtt_ms: int, flat_ring: bool = False) -> Jobs:
     launch.remove_stale()
     with launch.hosts_up(launch.unique_name(), count, rtt_ms) as hosts:
-        flat_out = out / "flat"
-        flat_out.mkdir()
-        return Jobs(
+        jobs = Jobs(
             handshake_ms=_handshake_ms(hosts[0], hosts[-1]),
             grpc=run_ddp(hosts, "grpc", out, timeout_s=JOB_TIMEOUT_S),
             gloo=run_ddp(hosts, "gloo", out, launch.GLOO_ENV, JOB_TIMEOUT_S),
-            grpc_flat=run_ddp(hosts, "grpc", flat_out, FLAT_RING_ENV, JOB_TIMEOUT_S)
-            if flat_ring
-            else None,
         )
+        if flat_ring:
+            # Its ranks save under the same names as the first grpc job's.
+            flat_out = out / "flat"
+            flat_out.mkdir()
+            jobs.grpc_flat = run_ddp(
+                hosts, "grpc", flat_out, FLAT_RING_ENV, JOB_TIMEOUT_S
+            )
+        return jobs
 
 
 @pytest.fixture(scope="module")

@@ -250,26 +250,27 @@ def _init_with_options(ctx: RankContext, options: list[dict[str, object]]) -> st
     return ""
 
 
-def test_ranks_with_different_wire_dtypes_are_refused_at_the_handshake() -> None:
-    options = [{"wire_dtype": "float32"}, {"wire_dtype": "bfloat16"}]
-    results = run_ranks(_init_with_options, 2, options, timeout_s=120)
-    for result in results:
-        message = result.value
-        assert "wire_dtype=float32" in message and "wire_dtype=bfloat16" in message, (
-            f"rank {result.rank}: {message}"
-        )
-        assert "TORCH_GRPC_PG_WIRE_DTYPE" in message, f"rank {result.rank}: {message}"
+# Rank 0's and rank 1's options, then what each rank's error must name: both settings
+# as the handshake writes them, and the variable that sets them.
+DISAGREEING_SETTINGS = {
+    "wire_dtype": (
+        [{"wire_dtype": "float32"}, {"wire_dtype": "bfloat16"}],
+        ["wire_dtype=float32", "wire_dtype=bfloat16", "TORCH_GRPC_PG_WIRE_DTYPE"],
+    ),
+    "two_level": (
+        [{"two_level": True}, {"two_level": False}],
+        ["two_level=on", "two_level=off", "TORCH_GRPC_PG_TWO_LEVEL"],
+    ),
+}
 
 
-def test_ranks_with_and_without_two_levels_are_refused_at_the_handshake() -> None:
-    options = [{"two_level": True}, {"two_level": False}]
+@pytest.mark.parametrize("setting", sorted(DISAGREEING_SETTINGS))
+def test_ranks_that_disagree_are_refused_at_the_handshake(setting: str) -> None:
+    options, named = DISAGREEING_SETTINGS[setting]
     results = run_ranks(_init_with_options, 2, options, timeout_s=120)
     for result in results:
-        message = result.value
-        assert "two_level=on" in message and "two_level=off" in message, (
-            f"rank {result.rank}: {message}"
-        )
-        assert "TORCH_GRPC_PG_TWO_LEVEL" in message, f"rank {result.rank}: {message}"
+        for text in named:
+            assert text in result.value, f"rank {result.rank}: {result.value}"
 
 
 def test_two_level_follows_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
