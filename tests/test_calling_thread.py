@@ -1,10 +1,10 @@
-"""A blocking collective in the shared segment runs on the calling thread; an async one is queued.
+"""A blocking collective runs on the calling thread; an async one is queued.
 
-When every rank of a group is on one host, its collectives run in the group's shared
-segment, which needs no thread of the group's. A call with ``async_op=False`` whose group has
-nothing queued then runs where it is called (csrc/backend/op_queue.h, run_here_if_idle):
-two thread hand-offs fewer, most of a small op's time. These tests hold it to what a caller
-of torch.distributed relies on:
+A call with ``async_op=False`` on a host tensor whose group has nothing queued runs where it
+is called (csrc/backend/op_queue.h, run_here_if_idle), whether it goes through the group's
+shared segment (every rank on one host) or over gRPC links (here TCP, as between hosts):
+two thread hand-offs fewer, most of a small op's time. Every test runs both ways. These
+tests hold it to what a caller of torch.distributed relies on:
 
 - an async call still returns before its peers have arrived, a blocking one after;
 - calls run in the order they were issued on every rank, whichever of them were async, and
@@ -40,8 +40,17 @@ from dist_harness import (
 )
 
 pytestmark = pytest.mark.skipif(
-    backend_under_test() != "grpc", reason="the grpc backend's same-host segment"
+    backend_under_test() != "grpc", reason="the grpc backend's calling-thread path"
 )
+
+
+@pytest.fixture(autouse=True, params=["segment", "tcp"])
+def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The shared segment, or TCP links (no unix sockets, so no rings and no segment)."""
+    if request.param == "tcp":
+        monkeypatch.setenv("TORCH_GRPC_PG_UNIX_SOCKETS", "0")
+    return str(request.param)
+
 
 LATE_S = 1.5  # how late the peer comes; far above a call's own time
 OP_TIMEOUT = timedelta(seconds=60)
@@ -56,7 +65,7 @@ def _options(kind: type, async_op: bool) -> Any:
 def _calls(
     group: dist.ProcessGroup, rank: int, world: int
 ) -> dict[str, Callable[[bool], Any]]:
-    """Each collective the segment carries, issued straight on the group with asyncOp set."""
+    """Each collective that may run on the calling thread, issued on the group with asyncOp set."""
     n = 1024
 
     def allreduce(async_op: bool) -> Any:
@@ -205,7 +214,7 @@ def test_a_blocking_call_lets_other_python_threads_run_while_it_waits() -> None:
 def _peer_dies(ctx: RankContext) -> dict[str, Any]:
     init_default_group(ctx, OP_TIMEOUT)
     store = ctx.store()
-    dist.all_reduce(torch.ones(8))  # the segment is in use
+    dist.all_reduce(torch.ones(8))  # the segment or the links are in use
     store_barrier(store, ctx.world_size, "ready")
     if ctx.rank == 1:
         time.sleep(0.5)

@@ -45,7 +45,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allreduce(std::vector<at::Tenso
         if (reduce_op.reduction.average) stage->host().div_(size_);
         stage->write_back();
       },
-      run_here(waited_at_once(opts), bytes, tensor));
+      run_here(waited_at_once(opts), tensor));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allreduce_coalesced(
@@ -118,7 +118,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::broadcast(std::vector<at::Tenso
         }
         if (static_cast<uint32_t>(rank_) != root || root_writes) stage->write_back();
       },
-      run_here(waited_at_once(opts), bytes, tensor));
+      run_here(waited_at_once(opts), tensor));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -164,7 +164,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allgather(std::vector<std::vect
         }
         for (int r = 0; r < size_; ++r) copy_into(outs[r], gathered.narrow(0, r * n, n));
       },
-      run_here(waited_at_once(opts), bytes, input) && outs[0].is_cpu());
+      run_here(waited_at_once(opts), input) && outs[0].is_cpu());
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -200,7 +200,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::_allgather_base(at::Tensor& out
         }
         out->write_back();
       },
-      run_here(waited_at_once(opts), bytes, input) && output.is_cpu());
+      run_here(waited_at_once(opts), input) && output.is_cpu());
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::allgather_into_tensor_coalesced(
@@ -297,7 +297,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::barrier(const c10d::BarrierOpti
         Collective c = collective(OpType::Barrier, seq, DType::UInt8, 0, timeout, nullptr);
         tgpg::barrier(c);
       },
-      waited_at_once(opts) && on_segment(0));
+      waited_at_once(opts));
 }
 
 }  // namespace tgpg

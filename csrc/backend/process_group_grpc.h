@@ -160,13 +160,15 @@ class ProcessGroupGrpc : public c10d::Backend {
                                        const std::vector<at::Tensor>& inputs, std::chrono::milliseconds timeout,
                                        Body body, bool here = false);
   // Whether a collective may run on the calling thread: its caller waits for
-  // it at once (async_op=False), it runs in the shared segment, which needs no
-  // other thread, and its tensor is in host memory (a CUDA tensor's staging
-  // waits on its stream on the worker). For a 4 KiB allreduce the two thread
-  // hand-offs it saves are most of the time (benchmarks/one_host.py).
-  bool run_here(bool waited_at_once, size_t bytes, const at::Tensor& tensor) const {
-    return waited_at_once && on_segment(bytes) && tensor.is_cpu();
-  }
+  // it at once (async_op=False) and its tensor is in host memory (a CUDA
+  // tensor's staging waits on its stream on the worker). No op needs the
+  // group's worker: in the shared segment the ranks need no thread but their
+  // own, and over gRPC a send goes out from whichever thread makes it while
+  // the server's threads receive. The two thread hand-offs this saves are most
+  // of a small op's time: a 4 KiB allreduce in the segment
+  // (benchmarks/one_host.py), a fifth of a 4 B allreduce between two ranks
+  // over TCP (benchmarks/RESULTS.md).
+  static bool run_here(bool waited_at_once, const at::Tensor& tensor) { return waited_at_once && tensor.is_cpu(); }
   // Point-to-point helpers (p2p_calls.cc).
   void check_peer(int peer, const std::string& where, const char* role) const;
   // Takes the next message from `src` into `stage`; source_lock(src) held.

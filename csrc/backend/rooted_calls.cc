@@ -203,7 +203,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::reduce_scatter_packed(at::Tenso
         if (reduce_op.reduction.average) mine.div_(size_);
         copy_into(output, mine);
       },
-      run_here(waited_at_once(opts), bytes, output));
+      run_here(waited_at_once(opts), output));
 }
 
 namespace {
