@@ -21,7 +21,8 @@ runs.
 With --wire-dtypes bfloat16 (or float16), grpc also runs with that wire_dtype, as a backend
 of its own ("grpc+bfloat16"). With --flat-ring (the default) grpc also runs its allreduce as
 one ring over all ranks, as gloo does (two_level=0, "grpc+flat"): the same schedule as gloo's
-over grpc's transport. After the timings each job counts the bytes every backend
+over grpc's transport. With --connections 4 (the default) grpc also runs with four TCP
+connections to each peer on another host (connections_per_peer=4, "grpc+4conn"). After the timings each job counts the bytes every backend
 sends over the link (veth0's tx counter in each namespace) for a few allreduces of each
 size: the table's "link MB/op" is the most any host sent per allreduce.
 """
@@ -97,6 +98,10 @@ def worker(args: argparse.Namespace) -> None:
     }
     if args.flat_ring:
         variants["grpc+flat"] = torch_grpc_pg.Options(two_level=False)
+    for count in args.connections:
+        variants[f"grpc+{count}conn"] = torch_grpc_pg.Options(
+            connections_per_peer=count
+        )
     for label, options in variants.items():
         group = dist.new_group(backend="grpc", timeout=timeout, pg_options=options)
         assert group is not None
@@ -168,6 +173,7 @@ def run_rate(
                 "--timeout", str(args.timeout),
                 "--wire-dtypes", ",".join(args.wire_dtypes),
                 "--flat-ring" if args.flat_ring else "--no-flat-ring",
+                "--connections", ",".join(map(str, args.connections)),
             ]  # fmt: skip
             launch.run_on_hosts(
                 hosts, script, free_port(), args.timeout, Path(tmp), launch.GLOO_ENV
@@ -273,6 +279,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="also run grpc's allreduce as one flat ring (two_level=0)",
+    )
+    parser.add_argument(
+        "--connections",
+        type=parse_ints,
+        default=[4],
+        help="also run grpc with each of these connections_per_peer (K > 1)",
     )
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument(

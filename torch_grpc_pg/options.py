@@ -90,6 +90,10 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "encrypt": ("TORCH_GRPC_PG_ENCRYPT", lambda v: _env_bool(v, True)),
     "wire_dtype": ("TORCH_GRPC_PG_WIRE_DTYPE", lambda v: _env_str(v, "float32")),
     "two_level": ("TORCH_GRPC_PG_TWO_LEVEL", lambda v: _env_bool(v, True)),
+    "connections_per_peer": (
+        "TORCH_GRPC_PG_CONNECTIONS_PER_PEER",
+        lambda v: _env_int(v, 1),
+    ),
 }
 
 # What float32 may travel as on links between hosts (wire_dtype).
@@ -103,6 +107,7 @@ _RANGES: dict[str, tuple[int, int]] = {
     "direct_max_bytes": (0, 64 * MIB),
     "max_queued_frames": (1, 1024),
     "flight_recorder_size": (0, 1 << 20),
+    "connections_per_peer": (1, 16),
 }
 _MAX_CONNECT_TIMEOUT = timedelta(days=1)
 
@@ -137,6 +142,7 @@ class Options:
     encrypt: bool = None  # type: ignore[assignment]
     wire_dtype: str = None  # type: ignore[assignment]
     two_level: bool = None  # type: ignore[assignment]
+    connections_per_peer: int = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         self._given = frozenset(

@@ -84,13 +84,14 @@ def group_settings(
     tls: bool = False,
     wire_dtype: str = "float32",
     two_level: bool = True,
+    connections_per_peer: int = 1,
 ) -> str:
     """The Hello's `settings`, as the ranks write them (csrc/backend/bindings.cc, and
     csrc/transport/grpc_messenger.cc for TLS)."""
     return (
         f"chunk_bytes={chunk_bytes} direct_max_bytes={direct_max_bytes} "
         f"wire_dtype={wire_dtype} two_level={'on' if two_level else 'off'} "
-        f"tls={'on' if tls else 'off'}"
+        f"connections_per_peer={connections_per_peer} tls={'on' if tls else 'off'}"
     )
 
 

@@ -46,7 +46,7 @@ PYBIND11_MODULE(_C, m) {
                        size_t max_queued_frames, std::chrono::milliseconds connect_timeout,
                        size_t flight_recorder_size, const std::string& flight_recorder_dir, bool health_public,
                        bool tune_malloc, bool shared_memory, bool encrypt, const std::string& wire_dtype,
-                       bool two_level) {
+                       bool two_level, int connections_per_peer) {
              tgpg::BackendOptions options;
              options.timeout = timeout;
              options.group_name = group_name;
@@ -73,7 +73,8 @@ PYBIND11_MODULE(_C, m) {
              options.transport.group_settings = "chunk_bytes=" + std::to_string(chunk_bytes) +
                                                 " direct_max_bytes=" + std::to_string(direct_max_bytes) +
                                                 " wire_dtype=" + wire_dtype +
-                                                " two_level=" + (two_level ? "on" : "off");
+                                                " two_level=" + (two_level ? "on" : "off") +
+                                                " connections_per_peer=" + std::to_string(connections_per_peer);
              options.transport.flight_recorder_size = flight_recorder_size;
              options.transport.flight_recorder_dir = flight_recorder_dir;
              options.transport.health_public = health_public;
@@ -81,6 +82,7 @@ PYBIND11_MODULE(_C, m) {
              options.transport.shared_memory = shared_memory;
              options.transport.encrypt = encrypt;
              options.transport.connect_timeout = connect_timeout;
+             options.transport.connections_per_peer = connections_per_peer;
              return c10::make_intrusive<tgpg::ProcessGroupGrpc>(store, rank, size, std::move(options));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group_name"),
@@ -90,7 +92,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("max_queued_frames"), py::arg("connect_timeout"), py::arg("flight_recorder_size"),
            py::arg("flight_recorder_dir"), py::arg("health_public"), py::arg("tune_malloc"),
            py::arg("shared_memory"), py::arg("encrypt"), py::arg("wire_dtype"),
-           py::arg("two_level"),
+           py::arg("two_level"), py::arg("connections_per_peer"),
            // Rendezvous waits on the store and on peers; other Python threads run meanwhile.
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("tcp_address", &tgpg::ProcessGroupGrpc::tcp_address,

@@ -127,7 +127,11 @@ void ProcessGroupGrpc::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) 
   std::string failure;
   try {
     messenger_ = create_group_transport(options_.transport, group_key, rank_, size_);
-    p2p_ = create_group_transport(options_.transport, group_key + "/p2p", rank_, size_);
+    // Point-to-point messages keep one connection per peer: receives from any
+    // source wait on every peer's one queue.
+    TransportConfig p2p_config = options_.transport;
+    p2p_config.connections_per_peer = 1;
+    p2p_ = create_group_transport(p2p_config, group_key + "/p2p", rank_, size_);
     // The group fails as one: whichever transport fails first fails the other.
     const auto couple = [](const std::shared_ptr<GroupTransport>& from, const std::shared_ptr<GroupTransport>& to) {
       from->add_failure_listener([weak = std::weak_ptr<GroupTransport>(to)](const std::string& reason) {

@@ -9,6 +9,7 @@
 #include "algorithms/collective_error.h"
 #include "transport/log.h"
 #include "transport/replace_file.h"
+#include "transport/striped_transport.h"
 #include "transport/wire_format.h"
 
 namespace tgpg {
@@ -20,7 +21,8 @@ bool authenticated(const TransportConfig& config) {
 
 }  // namespace
 
-GrpcMessenger::GrpcMessenger(const TransportConfig& config, std::string group_key, int rank, int world)
+GrpcMessenger::GrpcMessenger(const TransportConfig& config, std::string group_key, int rank, int world,
+                             std::shared_ptr<GroupMonitor> monitor)
     : config_(config),
       group_key_(std::move(group_key)),
       rank_(rank),
@@ -28,7 +30,8 @@ GrpcMessenger::GrpcMessenger(const TransportConfig& config, std::string group_ke
       server_(RankServer::acquire(config)),
       mailbox_(std::make_shared<Mailbox>(rank, world, config.max_queued_frames,
                                          config.max_queued_frames * config.max_payload_bytes)),
-      monitor_(std::make_shared<GroupMonitor>(group_key_, rank, world, config.flight_recorder_size)),
+      monitor_(monitor ? std::move(monitor)
+                       : std::make_shared<GroupMonitor>(group_key_, rank, world, config.flight_recorder_size)),
       links_(world) {
   const std::string host = config.advertise_host.empty() ? default_advertise_host() : config.advertise_host;
   const bool ipv6 = host.find(':') != std::string::npos;
@@ -267,6 +270,7 @@ std::optional<TransportConfig> running_server_config() { return RankServer::runn
 
 std::unique_ptr<GroupTransport> create_group_transport(const TransportConfig& config,
                                                        const std::string& group_key, int rank, int world) {
+  if (config.connections_per_peer > 1) return std::make_unique<StripedTransport>(config, group_key, rank, world);
   return std::make_unique<GrpcMessenger>(config, group_key, rank, world);
 }
 

@@ -21,7 +21,10 @@ namespace tgpg {
 // connect() when the group is created (or else at the first send).
 class GrpcMessenger : public GroupTransport {
  public:
-  GrpcMessenger(const TransportConfig& config, std::string group_key, int rank, int world);
+  // `monitor`: one to share with other transports of the same group (the
+  // connections of a StripedTransport); null: the messenger makes its own.
+  GrpcMessenger(const TransportConfig& config, std::string group_key, int rank, int world,
+                std::shared_ptr<GroupMonitor> monitor = nullptr);
   ~GrpcMessenger() override;
 
   const std::string& group_key() const override { return group_key_; }

@@ -188,8 +188,15 @@ std::vector<GroupSnapshot> RankServer::snapshot() const {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const auto& [key, group] : groups_) groups.push_back(group);
   }
+  // The connections of a striped group are registered apart but share one
+  // monitor: the group is shown once.
   std::vector<GroupSnapshot> out;
-  for (const auto& group : groups) out.push_back(group->monitor->snapshot());
+  std::vector<const GroupMonitor*> shown;
+  for (const auto& group : groups) {
+    if (std::find(shown.begin(), shown.end(), group->monitor.get()) != shown.end()) continue;
+    shown.push_back(group->monitor.get());
+    out.push_back(group->monitor->snapshot());
+  }
   return out;
 }
 
@@ -246,9 +253,9 @@ std::shared_ptr<ServedGroup> RankServer::find_group(const std::string& key, int 
   if (settings != group->settings) {
     *error = "rank " + std::to_string(src) + " runs this group with " + settings + ", rank " +
              std::to_string(group->rank) + " with " + group->settings +
-             ". Set TORCH_GRPC_PG_CHUNK_BYTES, TORCH_GRPC_PG_DIRECT_MAX_BYTES, TORCH_GRPC_PG_WIRE_DTYPE and "
-             "TORCH_GRPC_PG_TWO_LEVEL (or "
-             "the Options fields) to the same values on every rank, and the TLS settings (TORCH_GRPC_PG_TLS_*) on all ranks or none.";
+             ". Set TORCH_GRPC_PG_CHUNK_BYTES, TORCH_GRPC_PG_DIRECT_MAX_BYTES, TORCH_GRPC_PG_WIRE_DTYPE, "
+             "TORCH_GRPC_PG_TWO_LEVEL and TORCH_GRPC_PG_CONNECTIONS_PER_PEER (or the Options fields) to the same "
+             "values on every rank, and the TLS settings (TORCH_GRPC_PG_TLS_*) on all ranks or none.";
     return nullptr;
   }
   return group;

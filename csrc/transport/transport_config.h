@@ -28,6 +28,7 @@ struct TransportConfig {
   bool tune_malloc = true;            // keep_freed_memory_for_reuse() when the server starts
   bool shared_memory = true;          // chunks to and from peers on this host through a shared ring
   bool encrypt = true;                // with a token, encrypt frames on TCP links (else authenticate only)
+  int connections_per_peer = 1;       // TCP connections a group's collectives spread over to each peer
 
   bool tls_enabled() const { return !tls_cert_file.empty() || !tls_ca_file.empty(); }
 

@@ -1,0 +1,172 @@
+"""Several TCP connections per peer (``connections_per_peer``): the same results, more in flight.
+
+With ``TORCH_GRPC_PG_CONNECTIONS_PER_PEER=K`` a group's collectives spread their frames over
+K TCP connections to each peer on another host, frame n on connection n mod K
+(csrc/transport/striped_transport.h). Here every link runs over TCP on one host
+(``TORCH_GRPC_PG_UNIX_SOCKETS=0``), as between hosts. The oracle is gloo: the whole of
+test_gloo_oracle's battery (every public call, every dtype, worlds 2 and 3) runs over
+striped links with and without a token, and a large allreduce of many chunks (frames
+spread over every connection, reduced in a fixed order) must equal gloo's bit for bit.
+The connections themselves are counted in /proc, and ranks that disagree on K must fail
+at creation, naming the setting, rather than read each other's frames out of order.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import test_gloo_oracle
+import torch
+import torch.distributed as dist
+
+from dist_harness import (
+    CaseReport,
+    RankContext,
+    backend_under_test,
+    init_default_group,
+    init_groups,
+    run_ranks,
+)
+
+pytestmark = pytest.mark.skipif(
+    backend_under_test() != "grpc", reason="a setting of the grpc backend"
+)
+
+CONNECTIONS = 3
+
+
+@pytest.fixture(autouse=True)
+def tcp_links(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Links over TCP, as between hosts (no unix sockets, so no rings and no segment)."""
+    monkeypatch.setenv("TORCH_GRPC_PG_UNIX_SOCKETS", "0")
+    monkeypatch.setenv("TORCH_GRPC_PG_CONNECTIONS_PER_PEER", str(CONNECTIONS))
+
+
+@pytest.mark.parametrize("token", ["", "a shared secret"], ids=["plain", "token"])
+@pytest.mark.parametrize("world", test_gloo_oracle.WORLDS)
+def test_every_call_matches_gloo(
+    world: int, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCH_GRPC_PG_AUTH_TOKEN", token)
+    # Not spawn_cases: it caches one spawn per world, made under other settings.
+    report = CaseReport.from_spawn(
+        lambda: run_ranks(test_gloo_oracle._rank_main, world)
+    )
+    report.assert_passed("")
+    assert len(report.outcomes) > 100, sorted(report.outcomes)
+
+
+def _large_allreduce(ctx: RankContext) -> dict[str, Any]:
+    gloo = init_groups(ctx)
+    gen = torch.Generator().manual_seed(ctx.rank)
+    # 24 chunks of 64 KiB per rank at world 3, odd in elements: every
+    # connection carries several frames of each phase, and the last is short.
+    inputs = torch.randn(3 * (1 << 18) + 7, generator=gen)
+    ours, theirs = inputs.clone(), inputs.clone()
+    dist.all_reduce(ours)
+    dist.all_reduce(theirs, group=gloo)
+    exact = inputs.double().clone()
+    dist.all_reduce(exact, group=gloo)
+    gathered = [torch.empty_like(inputs) for _ in range(ctx.world_size)]
+    dist.all_gather(gathered, inputs)
+    out = {
+        "max_error": (ours.double() - exact).abs().max().item(),
+        "scale": exact.abs().max().item(),
+        "all_gather_exact": all(
+            torch.equal(block, _inputs_of(rank, inputs.numel()))
+            for rank, block in enumerate(gathered)
+        ),
+    }
+    dist.destroy_process_group()
+    return out
+
+
+def _inputs_of(rank: int, n: int) -> torch.Tensor:
+    return torch.randn(n, generator=torch.Generator().manual_seed(rank))
+
+
+def _tcp_connections_to_peers() -> int:
+    """This process's established TCP sockets: those in /proc/net/tcp{,6} whose inode
+    one of its file descriptors holds."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    established = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as lines:
+            next(lines)
+            for line in lines:
+                fields = line.split()
+                if fields[3] == "01" and fields[9] in inodes:
+                    established += 1
+    return established
+
+
+def test_large_allreduce_equals_gloo_over_every_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TORCH_GRPC_PG_CHUNK_BYTES", str(64 << 10))
+    world = 3
+    results = [r.value for r in run_ranks(_large_allreduce, world)]
+    for rank, res in enumerate(results):
+        # Ring order and float32 rounding differ from gloo's; against a
+        # float64 sum the error stays at float32's few ulps of the largest sum.
+        assert res["max_error"] <= 1e-5 * res["scale"], (rank, res)
+        assert res["all_gather_exact"], rank
+
+
+def test_each_peer_gets_that_many_connections() -> None:
+    world = 3
+    one = [r.value for r in run_ranks(_count_connections, world, 1)]
+    several = [r.value for r in run_ranks(_count_connections, world, CONNECTIONS)]
+    # A rank dials K connections to each peer for collectives where K=1 dials
+    # one, and accepts as many from each: 2 (K - 1) more sockets per peer.
+    extra = [s - o for s, o in zip(several, one)]
+    assert extra == [2 * (CONNECTIONS - 1) * (world - 1)] * world, (one, several)
+
+
+def _count_connections(ctx: RankContext, connections: int) -> int:
+    os.environ["TORCH_GRPC_PG_CONNECTIONS_PER_PEER"] = str(connections)
+    init_default_group(ctx)
+    dist.all_reduce(torch.ones(4))
+    count = _tcp_connections_to_peers()
+    dist.destroy_process_group()
+    return count
+
+
+def _disagreeing_rank(ctx: RankContext) -> str:
+    if ctx.rank == 0:
+        os.environ["TORCH_GRPC_PG_CONNECTIONS_PER_PEER"] = "1"
+    try:
+        init_default_group(ctx)
+    except Exception as exc:  # the error every rank must raise
+        return str(exc)
+    return "created"
+
+
+def test_ranks_that_disagree_fail_at_creation_naming_the_setting() -> None:
+    results = [r.value for r in run_ranks(_disagreeing_rank, 2)]
+    for rank, message in enumerate(results):
+        for named in (
+            "connections_per_peer=1",
+            f"connections_per_peer={CONNECTIONS}",
+            "TORCH_GRPC_PG_CONNECTIONS_PER_PEER",
+        ):
+            assert named in message, (rank, message)
+
+
+def test_out_of_range_is_refused_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch_grpc_pg
+
+    monkeypatch.setenv("TORCH_GRPC_PG_CONNECTIONS_PER_PEER", "17")
+    with pytest.raises(ValueError, match="TORCH_GRPC_PG_CONNECTIONS_PER_PEER"):
+        torch_grpc_pg.Options().validate()
