@@ -5,7 +5,8 @@ It stands where an attacker who can write to the c10d store puts one: the store 
 rank's address, callers dial it, and it dials the real rank. It forwards every message and
 every piece of metadata in both directions unchanged, so that whatever the two ranks prove to
 each other they prove through it; then `tamper` decides the fate of each message the caller
-sends that is large enough to carry a payload.
+sends that is large enough to carry a payload, or, with `transplant`, a message is moved from
+the call that carried it into another call (another of the caller's connections).
 """
 
 from __future__ import annotations
@@ -51,12 +52,23 @@ class Relay:
     `tamper_count` payload-bearing messages callers send."""
 
     upstream: str
-    tamper: Tamper
+    tamper: Tamper | None
     tamper_count: int = 1
     on_call: Callable[[], None] | None = None  # runs as each call arrives
+    # Instead of `tamper`: take the first payload-bearing message out of its
+    # call and send it ahead of the next one that another call carries.
+    transplant: bool = False
     tampered: int = 0
     calls: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    held: tuple[int, bytes] | None = None  # (call, message) taken by a transplant
+
+    @classmethod
+    def for_attack(cls, name: str, upstream: str) -> Relay:
+        """`name`: one of the tampers above, or "transplant"."""
+        if name == "transplant":
+            return cls(upstream, None, transplant=True)
+        return cls(upstream, globals()[name])
 
     def start(self) -> int:
         handler = grpc.stream_stream_rpc_method_handler(self._exchange)
@@ -84,13 +96,22 @@ class Relay:
         self.server.stop(0)
         self.channel.close()
 
-    def _fate(self, message: bytes) -> list[bytes]:
+    def _fate(self, message: bytes, call: int) -> list[bytes]:
         if len(message) < PAYLOAD_BEARING_BYTES:
             return [message]
         with self.lock:
             if self.tampered >= self.tamper_count:
                 return [message]
+            if self.transplant:
+                if self.held is None:
+                    self.held = (call, message)
+                    return []
+                if self.held[0] == call:
+                    return [message]
+                self.tampered += 1
+                return [self.held[1], message]
             self.tampered += 1
+        assert self.tamper is not None
         return self.tamper(message)
 
     def _exchange(
@@ -98,6 +119,7 @@ class Relay:
     ) -> Iterator[bytes]:
         with self.lock:
             self.calls += 1
+            call_index = self.calls
         if self.on_call is not None:
             self.on_call()
         outbox: queue.Queue[bytes | None] = queue.Queue()
@@ -105,7 +127,7 @@ class Relay:
         def pump() -> None:
             try:
                 for message in requests:
-                    for out in self._fate(message):
+                    for out in self._fate(message, call_index):
                         outbox.put(out)
             except grpc.RpcError:
                 pass

@@ -8,7 +8,9 @@ test_gloo_oracle's battery (every public call, every dtype, worlds 2 and 3) runs
 striped links with and without a token, and a large allreduce of many chunks (frames
 spread over every connection, reduced in a fixed order) must equal gloo's bit for bit.
 The connections themselves are counted in /proc, and ranks that disagree on K must fail
-at creation, naming the setting, rather than read each other's frames out of order.
+at creation, naming the setting, rather than read each other's frames out of order. Each
+connection has a handshake and keys of its own: a relay that moves a frame from one
+connection to another fails the group on every rank.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import pytest
 import test_gloo_oracle
+import test_man_in_the_middle
 import torch
 import torch.distributed as dist
 
@@ -170,3 +173,28 @@ def test_out_of_range_is_refused_naming_the_variable(
     monkeypatch.setenv("TORCH_GRPC_PG_CONNECTIONS_PER_PEER", "17")
     with pytest.raises(ValueError, match="TORCH_GRPC_PG_CONNECTIONS_PER_PEER"):
         torch_grpc_pg.Options().validate()
+
+
+def test_a_relay_that_moves_a_frame_to_another_connection_fails_the_group() -> None:
+    # tests/relay.py between rank 0 and rank 1 (test_man_in_the_middle's setting, with a
+    # token): rank 0's first data frame is taken off its connection and sent ahead of the
+    # next data frame on another of its connections to rank 1.
+    reports = [
+        r.value
+        for r in run_ranks(
+            test_man_in_the_middle._relayed_allreduces,
+            2,
+            "transplant",
+            True,
+            spare_ports=1,
+            timeout_s=120,
+        )
+    ]
+    assert reports[0]["calls"] >= CONNECTIONS and reports[0]["tampered"] == 1, reports
+    for rank, report in enumerate(reports):
+        results = report["results"]
+        assert "wrong" not in results, f"rank {rank} returned a wrong result: {report}"
+        assert results[-1].startswith("error: "), f"rank {rank} never failed: {report}"
+        assert "from rank 0 to rank 1" in results[-1], results[-1]
+        assert "failed authentication" in results[-1], results[-1]
+        assert report["seconds"] < 20, report

@@ -40,9 +40,7 @@ def _relayed_allreduces(
     rank1_port = ctx.spare_ports[0]
     planted = None
     if ctx.rank == 0:
-        planted = relay.Relay(
-            f"127.0.0.1:{rank1_port}", getattr(relay, tamper_name), on_call=None
-        )
+        planted = relay.Relay.for_attack(tamper_name, f"127.0.0.1:{rank1_port}")
         relay_port = planted.start()
         # Written before rank 1 publishes its own: rank 0 reads this one.
         store.set(rendezvous + "endpoint/1", f"v1\nelsewhere\n127.0.0.1:{relay_port}\n")
