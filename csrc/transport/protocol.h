@@ -3,7 +3,7 @@
 namespace tgpg {
 
 // PROTOCOL_VERSION_CURRENT of protos/torch_grpc_pg.proto (wire_format.cc checks).
-constexpr unsigned kProtocolVersion = 7;
+constexpr unsigned kProtocolVersion = 8;
 
 constexpr const char* kExchangeMethod = "/torch_grpc_pg.ProcessGroupService/Exchange";
 
