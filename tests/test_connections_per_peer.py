@@ -90,9 +90,10 @@ def _inputs_of(rank: int, n: int) -> torch.Tensor:
     return torch.randn(n, generator=torch.Generator().manual_seed(rank))
 
 
-def _tcp_connections_to_peers() -> int:
-    """This process's established TCP sockets: those in /proc/net/tcp{,6} whose inode
-    one of its file descriptors holds."""
+def _grpc_connections(server_ports: set[int], own_port: int) -> int:
+    """This process's established TCP connections between grpc servers' ports: those it
+    dialled to a peer's server and those its own server accepted. Sockets in
+    /proc/net/tcp{,6} whose inode one of its file descriptors holds."""
     inodes = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -101,15 +102,19 @@ def _tcp_connections_to_peers() -> int:
             continue
         if target.startswith("socket:["):
             inodes.add(target[len("socket:[") : -1])
-    established = 0
+    count = 0
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with open(table) as lines:
             next(lines)
             for line in lines:
                 fields = line.split()
-                if fields[3] == "01" and fields[9] in inodes:
-                    established += 1
-    return established
+                if fields[3] != "01" or fields[9] not in inodes:  # 01: established
+                    continue
+                local = int(fields[1].rsplit(":", 1)[1], 16)
+                remote = int(fields[2].rsplit(":", 1)[1], 16)
+                if local == own_port or remote in server_ports - {own_port}:
+                    count += 1
+    return count
 
 
 def test_large_allreduce_equals_gloo_over_every_connection(
@@ -127,19 +132,26 @@ def test_large_allreduce_equals_gloo_over_every_connection(
 
 def test_each_peer_gets_that_many_connections() -> None:
     world = 3
-    one = [r.value for r in run_ranks(_count_connections, world, 1)]
-    several = [r.value for r in run_ranks(_count_connections, world, CONNECTIONS)]
-    # A rank dials K connections to each peer for collectives where K=1 dials
-    # one, and accepts as many from each: 2 (K - 1) more sockets per peer.
-    extra = [s - o for s, o in zip(several, one)]
-    assert extra == [2 * (CONNECTIONS - 1) * (world - 1)] * world, (one, several)
+    for connections in (1, CONNECTIONS):
+        counts = [r.value for r in run_ranks(_count_connections, world, connections)]
+        # To each peer a rank dials K connections for collectives and one for
+        # point-to-point, and accepts as many from it.
+        assert counts == [2 * (connections + 1) * (world - 1)] * world, (
+            connections,
+            counts,
+        )
 
 
 def _count_connections(ctx: RankContext, connections: int) -> int:
     os.environ["TORCH_GRPC_PG_CONNECTIONS_PER_PEER"] = str(connections)
     init_default_group(ctx)
     dist.all_reduce(torch.ones(4))
-    count = _tcp_connections_to_peers()
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    own_port = int(backend.tcp_address.rsplit(":", 1)[1])
+    ports: list[int] = [0] * ctx.world_size
+    dist.all_gather_object(ports, own_port)
+    count = _grpc_connections(set(ports), own_port)
+    dist.barrier()
     dist.destroy_process_group()
     return count
 
