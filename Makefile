@@ -134,9 +134,9 @@ fuzz: $(CPP_TEST_STAMP)
 #   make netns-up                     create the pair (replacing one of that name)
 #   make netns-down                   delete it
 #   make bench-two-hosts              grpc (float32 in two levels and as a flat ring, bfloat16 on the
-#                                     wire) vs gloo, 64 MiB allreduce at 1 Gbit/s: two and four hosts,
-#                                     each with no delay and 40 ms round trips
-#                                     (benchmarks/two_hosts.py; about 18 minutes)
+#                                     wire, four connections per peer) vs gloo, 64 MiB allreduce at
+#                                     1 Gbit/s: two and four hosts, each with no delay and 40 ms round
+#                                     trips (benchmarks/two_hosts.py; about 22 minutes)
 NETNS_NAME ?= tgpg
 .PHONY: netns-up netns-down bench-two-hosts
 

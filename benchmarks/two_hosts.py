@@ -1,12 +1,13 @@
 """Allreduce bus bandwidth of grpc and gloo between "hosts" over a rate-limited link.
 
-    .venv/bin/python benchmarks/two_hosts.py       # needs root and ip netns; ~18 min
+    .venv/bin/python benchmarks/two_hosts.py       # needs root and ip netns; ~22 min
     .venv/bin/python benchmarks/two_hosts.py --hosts 2 --rtts 0 --rates 1gbit,5gbit --sizes 1M,64M
-    .venv/bin/python benchmarks/two_hosts.py --hosts 2 --rtts 100 --wire-dtypes ""
+    .venv/bin/python benchmarks/two_hosts.py --hosts 2 --rtts 100 --wire-dtypes "" --connections 2,3,4
 
 By default: 64 MiB at 1 Gbit/s, two and four hosts, each with no delay and 40 ms round
 trips, grpc in float32 (in two levels and as a flat ring) and with bfloat16 on the wire, 3
-runs each.
+runs each. A job of four hosts at 100 ms overran the default job timeout (300 s): give a
+longer --timeout there.
 
 Network namespaces stand for machines (tests/two_hosts/netns.sh): two on one veth pair,
 more on a bridge, and with a round-trip time (--rtts, in ms) behind a hub that holds every

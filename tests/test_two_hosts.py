@@ -9,7 +9,9 @@ otherwise.
 
 The same namespaces also train a float32 model with DDP and FSDP2 under grpc with
 ``TORCH_GRPC_PG_WIRE_DTYPE=bfloat16`` and without it (tests/wire_dtype_train.py): the loss
-curves must agree, and the link must carry about half the bytes.
+curves must agree, and the link must carry about half the bytes. And the DDP job runs once
+more over three TCP connections to each peer (``TORCH_GRPC_PG_CONNECTIONS_PER_PEER=3``): its
+parameters must equal gloo's.
 """
 
 from __future__ import annotations
@@ -93,6 +95,13 @@ def _run_wire_dtype(
     return Job(ranks, (sent[0], sent[1]))
 
 
+def _run_several_connections(hosts: Sequence[launch.Host], out: Path) -> Job:
+    """The DDP job over three TCP connections to each peer on the other host."""
+    out = out / "connections"
+    out.mkdir()
+    return run_ddp(hosts, "grpc", out, {"TORCH_GRPC_PG_CONNECTIONS_PER_PEER": "3"})
+
+
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Job]]:
     reason = launch.unavailable_reason()
@@ -106,6 +115,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Job]]:
             "gloo": run_ddp(hosts, "gloo", out, launch.GLOO_ENV),
             "wire bfloat16": _run_wire_dtype(hosts, "bfloat16", out),
             "wire float32": _run_wire_dtype(hosts, "float32", out),
+            "grpc, 3 connections": _run_several_connections(hosts, out),
         }
 
 
@@ -145,6 +155,20 @@ def test_grpc_sends_each_gradient_across_once_per_host(jobs: dict[str, Job]) -> 
 
 def test_grpc_equals_gloo_on_every_rank(jobs: dict[str, Job]) -> None:
     for grpc_rank, gloo_rank in zip(jobs["grpc"].ranks, jobs["gloo"].ranks):
+        for name, value in gloo_rank["params"].items():
+            torch.testing.assert_close(grpc_rank["params"][name], value, **TOL)
+
+
+def test_grpc_over_several_connections_equals_gloo_on_every_rank(
+    jobs: dict[str, Job],
+) -> None:
+    # connections_per_peer=3 spreads each peer's frames over three connections
+    # (tests/test_connections_per_peer.py); across hosts the training must not change.
+    several = jobs["grpc, 3 connections"]
+    assert min(several.link_bytes) >= ddp_train.STEPS * _param_bytes(), (
+        several.link_bytes
+    )
+    for grpc_rank, gloo_rank in zip(several.ranks, jobs["gloo"].ranks):
         for name, value in gloo_rank["params"].items():
             torch.testing.assert_close(grpc_rank["params"][name], value, **TOL)
 
