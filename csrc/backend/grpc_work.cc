@@ -1,9 +1,11 @@
 #include "backend/grpc_work.h"
 
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
 
 #include <algorithm>
+#include <optional>
 
 namespace tgpg {
 namespace {
@@ -43,12 +45,21 @@ void containing_callback_errors(Settle&& settle) noexcept {
 
 }  // namespace
 
+// torch's Work opens a profiler event for a title, and copies the inputs for
+// their shapes, on every call: an allocation and a copy each time, whether or
+// not a profiler listens. With no callbacks registered that event would be
+// inactive, so the title and inputs are given only while a profiler listens
+// (tests/test_profiler.py holds the events to gloo's).
 GrpcWork::GrpcWork(int rank, c10d::OpType type, const char* profiling_title,
                    const std::vector<at::Tensor>& inputs, std::vector<at::Tensor> outputs)
-    : c10d::Work(rank, type, profiling_title, inputs),
+    : GrpcWork(at::hasCallbacks(), rank, type, profiling_title, inputs, std::move(outputs)) {}
+
+GrpcWork::GrpcWork(bool profiled, int rank, c10d::OpType type, const char* profiling_title,
+                   const std::vector<at::Tensor>& inputs, std::vector<at::Tensor> outputs)
+    : c10d::Work(rank, type, profiled ? profiling_title : nullptr,
+                 profiled ? std::optional<std::vector<at::Tensor>>(inputs) : std::nullopt),
       outputs_(std::move(outputs)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
-                                                       devices_of(outputs_))) {}
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors(), devices_of(outputs_))) {}
 
 // The future first, then the Work, as ProcessGroupGloo does: whoever returns
 // from wait() may read the future's value at once.

@@ -35,6 +35,9 @@ class GrpcWork : public c10d::Work {
   int sourceRank() const override;
 
  private:
+  GrpcWork(bool profiled, int rank, c10d::OpType type, const char* profiling_title,
+           const std::vector<at::Tensor>& inputs, std::vector<at::Tensor> outputs);
+
   std::vector<at::Tensor> outputs_;
   std::atomic<int> source_rank_{-1};
   c10::intrusive_ptr<c10::ivalue::Future> future_;

@@ -81,7 +81,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::recv(std::vector<at::Tensor>& t
   check_output(tensor, where);
   to_dtype(tensor.scalar_type(), where);
   auto stage = std::make_shared<HostStage>(tensor, /*copy_in=*/false);
-  auto work = c10::make_intrusive<GrpcWork>(rank_, c10d::OpType::RECV, "grpc:recv", std::vector<at::Tensor>{}, tensors);
+  auto work = c10::make_intrusive<GrpcWork>(rank_, c10d::OpType::RECV, "grpc:recv", tensors, tensors);
   work->set_source_rank(src_rank);
   return issue(lanes_.recv_lane(src_rank), *p2p_, work, "grpc:recv", tensors, timeout_of(c10d::kUnsetTimeout),
                [this, stage, src_rank, tag, where](uint64_t, std::chrono::milliseconds timeout) {
@@ -98,7 +98,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupGrpc::recvAnysource(std::vector<at::T
   to_dtype(tensor.scalar_type(), where);
   auto stage = std::make_shared<HostStage>(tensor, /*copy_in=*/false);
   auto work = c10::make_intrusive<GrpcWork>(rank_, c10d::OpType::RECVANYSOURCE, "grpc:recv_anysource",
-                                            std::vector<at::Tensor>{}, tensors);
+                                            tensors, tensors);
   return issue(lanes_.any_source_lane(), *p2p_, work, "grpc:recv_anysource", tensors,
                timeout_of(c10d::kUnsetTimeout),
                [this, stage, tag, where, work](uint64_t, std::chrono::milliseconds timeout) {
