@@ -20,6 +20,9 @@ def load_backend(name: str) -> None:
         if root not in sys.path:
             sys.path.append(root)
         importlib.import_module("torch_grpc_pg")
+    elif name == "fake":
+        # torch's own backend that moves no data: every call returns a finished Work.
+        importlib.import_module("torch.testing._internal.distributed.fake_pg")
 
 
 def unavailable_reason(name: str, device: str) -> str | None:
@@ -36,6 +39,12 @@ def unavailable_reason(name: str, device: str) -> str | None:
         return None
     if name == "gloo":
         return None if dist.is_gloo_available() else "torch was built without gloo"
+    if name == "fake":
+        try:
+            load_backend(name)
+        except ImportError as exc:
+            return f"torch's fake backend did not import ({exc})"
+        return None
     if name == "nccl":
         if device != "cuda":
             return "nccl needs --device cuda"

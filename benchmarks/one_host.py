@@ -13,7 +13,11 @@ runs in processes of its own, as a user's job would:
   _anchor_mpi.py for the mpirun options and why);
 - deepspeed: spawned ranks with a gloo default group, timing
   `deepspeed.comm.inference_all_reduce(t)` on its shared-memory path (_anchor_deepspeed.py
-  checks that it is that path).
+  checks that it is that path);
+- fake (at world 1 only; `--world-sizes 1,2`): torch's fake backend, a C++ backend whose
+  every call returns a finished Work at once. Its time is what `dist.all_reduce` costs in
+  torch before any backend does anything: the floor under grpc's and gloo's times, which
+  DeepSpeed's and Open MPI's calls do not pay (they bypass torch.distributed).
 An anchor that is not installed is skipped with a note, so this also runs in the main
 .venv with grpc and gloo alone.
 
@@ -56,7 +60,8 @@ from _report import (
 from _spawn import RankContext, WorldFailed, run_world
 
 CANDIDATE = "grpc"
-BACKENDS = "grpc,gloo,openmpi,deepspeed"
+FLOOR = "fake"
+BACKENDS = "grpc,gloo,openmpi,deepspeed,fake"
 SIZES = "4K,64K,1M,16M,64M"
 QUICK_SIZES = "4K,1M,64M"
 ANCHORS = {"openmpi": _anchor_mpi, "deepspeed": _anchor_deepspeed}
@@ -289,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     tags = (f"{os.getpid()}{i:04d}" for i in itertools.count())
     for world, round_ in itertools.product(args.world_sizes, range(args.rounds)):
         for backend in backends if round_ % 2 == 0 else backends[::-1]:
+            if backend == FLOOR and world != 1:
+                continue  # it moves no data, so its result is right only alone
             print(f"world {world}, round {round_ + 1}: {backend}", flush=True)
             try:
                 for row in run_backend(backend, world, args, next(tags)):
