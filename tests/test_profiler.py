@@ -4,9 +4,9 @@ the backend and the op, with the call's input shapes.
 The oracle is gloo on the same calls in the same ranks: every event named ``gloo:<op>``
 under gloo must appear as ``grpc:<op>`` under grpc, as many times and with the same
 recorded shapes. Profilers and traces key on these names (torch's own suite checks
-``<backend>:<op>`` for the backends it profiles), and the backend records them only while
-a profiler listens, so the same calls are also timed unprofiled first: an op issued with
-nothing listening must leave no trace in a profile that starts afterwards.
+``<backend>:<op>`` for the backends it profiles). The backend records them only while a
+profiler listens, so each call is first issued with no profiler running: it must leave no
+trace in the profile that starts afterwards, which then holds exactly one event.
 """
 
 from __future__ import annotations
