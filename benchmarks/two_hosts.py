@@ -6,8 +6,8 @@
 
 By default: 64 MiB at 1 Gbit/s, two and four hosts, each with no delay and 40 ms round
 trips, grpc in float32 (in two levels and as a flat ring) and with bfloat16 on the wire, 3
-runs each. A job of four hosts at 100 ms overran the default job timeout (300 s): give a
-longer --timeout there.
+runs each. Each job may take 300 s plus 5 s per ms of round trip (a job of four hosts at
+100 ms takes about 300 s, most of it gloo's); --timeout sets another limit.
 
 Network namespaces stand for machines (tests/two_hosts/netns.sh): two on one veth pair,
 more on a bridge, and with a round-trip time (--rtts, in ms) behind a hub that holds every
@@ -153,6 +153,12 @@ def rate_bytes_per_s(rate: str) -> float:
     raise ValueError(f"rate {rate!r}: use e.g. 500mbit or 1gbit")
 
 
+def job_timeout_s(args: argparse.Namespace, rtt_ms: int) -> float:
+    """--timeout, or by default 300 s plus 5 s per ms of round trip: on a long link each of
+    gloo's ring steps waits a round trip, and a job's time grows with it."""
+    return args.timeout if args.timeout is not None else 300.0 + 5.0 * rtt_ms
+
+
 def run_rate(
     hosts: tuple[launch.Host, ...], rtt_ms: int, rate: str, args: argparse.Namespace
 ) -> list[Row]:
@@ -160,6 +166,7 @@ def run_rate(
     launch.netns("shape", launch.set_name(hosts), rate)
     setting = {"hosts": len(hosts), "rtt_ms": rtt_ms, "rate": rate}
     label = f"{len(hosts)} hosts, {rtt_ms} ms, {rate}"
+    timeout = job_timeout_s(args, rtt_ms)
     rows: list[Row] = []
     for run in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="two-hosts-bench-") as tmp:
@@ -171,13 +178,13 @@ def run_rate(
                 "--sizes", ",".join(map(str, args.sizes)),
                 "--warmup", str(args.warmup),
                 "--min-time", str(args.min_time),
-                "--timeout", str(args.timeout),
+                "--timeout", str(timeout),
                 "--wire-dtypes", ",".join(args.wire_dtypes),
                 "--flat-ring" if args.flat_ring else "--no-flat-ring",
                 "--connections", ",".join(map(str, args.connections)),
             ]  # fmt: skip
             launch.run_on_hosts(
-                hosts, script, free_port(), args.timeout, Path(tmp), launch.GLOO_ENV
+                hosts, script, free_port(), timeout, Path(tmp), launch.GLOO_ENV
             )
             for row in json.loads(out.read_text()):
                 rows.append({**row, **setting, "run": run})
@@ -291,7 +298,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--min-time", type=float, default=2.0, help="seconds of samples per size"
     )
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per job")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds per job (default 300 plus 5 per ms of round trip)",
+    )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "out")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
