@@ -30,6 +30,7 @@ STACKS: dict[int, dict[str, Stack]] = {
         "fsdp2_bf16": fsdp2.check,
         "fsdp2_divide_factor": fsdp2.check_divide_factor,
         "tp_sequence_parallel": tensor_parallel.check_sequence_parallel,
+        "tp_compiled": tensor_parallel.check_compiled_sequence_parallel,
         "dtensor_partial_to_shard": tensor_parallel.check_partial_to_shard,
         "funcol_reduce_scatter": tensor_parallel.check_functional_reduce_scatter,
         "coalescing_manager": tensor_parallel.check_coalescing_manager,
@@ -72,6 +73,11 @@ def test_fsdp2_with_a_gradient_divide_factor() -> None:
 
 def test_tensor_parallel_with_sequence_parallel() -> None:
     _report(2).assert_passed("tp_sequence_parallel")
+
+
+def test_tensor_parallel_under_torch_compile() -> None:
+    """Inductor's graphs call the backend's collectives, forward and backward."""
+    _report(2).assert_passed("tp_compiled")
 
 
 def test_dtensor_partial_to_shard() -> None:

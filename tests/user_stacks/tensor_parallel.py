@@ -57,9 +57,15 @@ def tokens(step: int) -> torch.Tensor:
 
 
 def train_parallel(
-    mesh: DeviceMesh, rank: int, world: int
+    mesh: DeviceMesh, rank: int, world: int, compiled: bool = False
 ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
-    """Steps of SGD on the full sequence, each rank holding SEQ/world of it."""
+    """Steps of SGD on the full sequence, each rank holding SEQ/world of it.
+
+    ``compiled`` runs the block through ``torch.compile(fullgraph=True)``, as
+    torchtitan compiles its blocks: the collectives of the forward pass and of
+    the backward pass are then ops in Inductor's graphs, not eager calls, and a
+    graph break fails the check instead of hiding an eager fallback.
+    """
     block = parallelize_module(
         initial_block(),
         mesh,
@@ -73,11 +79,12 @@ def train_parallel(
         },
     )
     opt = torch.optim.SGD(block.parameters(), lr=LR)
+    forward = torch.compile(block, fullgraph=True) if compiled else block
     part = SEQ // world
     outputs = []
     for step in range(STEPS):
         local_in = tokens(step)[:, rank * part : (rank + 1) * part]
-        out = block(local_in)
+        out = forward(local_in)
         assert isinstance(out, torch.Tensor) and not isinstance(out, DTensor)
         assert out.shape == (BATCH, part, MODEL), out.shape
         # The ranks' losses add up to the mean over the whole sequence.
@@ -105,15 +112,10 @@ def local_replay() -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
     return outputs, {k: v.detach() for k, v in block.named_parameters()}
 
 
-def check_sequence_parallel(ctx: RankContext, gloo: dist.ProcessGroup) -> None:
-    # The tested mesh comes from init_device_mesh over the default group, as
-    # users build it; gloo's mesh wraps the gloo group, so both run in one spawn.
-    tested = train_parallel(
-        tested_mesh(ctx.world_size, ctx.backend), ctx.rank, ctx.world_size
-    )
-    reference = train_parallel(
-        DeviceMesh.from_group(gloo, "cpu"), ctx.rank, ctx.world_size
-    )
+def _check_against_gloo_and_replay(
+    tested: tuple[list[torch.Tensor], dict[str, torch.Tensor]],
+    reference: tuple[list[torch.Tensor], dict[str, torch.Tensor]],
+) -> None:
     replay_outputs, replay_params = local_replay()
     for step in range(STEPS):
         assert_close(
@@ -126,6 +128,32 @@ def check_sequence_parallel(ctx: RankContext, gloo: dist.ProcessGroup) -> None:
     assert_all_close(tested[1], replay_params, "vs float64 replay", FP64_TOL)
     initial = {k: v.detach() for k, v in initial_block().named_parameters()}
     assert_moved(replay_params, initial, 100 * FP64_TOL["atol"])
+
+
+def check_sequence_parallel(ctx: RankContext, gloo: dist.ProcessGroup) -> None:
+    # The tested mesh comes from init_device_mesh over the default group, as
+    # users build it; gloo's mesh wraps the gloo group, so both run in one spawn.
+    tested = train_parallel(
+        tested_mesh(ctx.world_size, ctx.backend), ctx.rank, ctx.world_size
+    )
+    reference = train_parallel(
+        DeviceMesh.from_group(gloo, "cpu"), ctx.rank, ctx.world_size
+    )
+    _check_against_gloo_and_replay(tested, reference)
+
+
+def check_compiled_sequence_parallel(ctx: RankContext, gloo: dist.ProcessGroup) -> None:
+    """The same training compiled over the tested backend, against gloo's eager run."""
+    tested = train_parallel(
+        tested_mesh(ctx.world_size, ctx.backend),
+        ctx.rank,
+        ctx.world_size,
+        compiled=True,
+    )
+    reference = train_parallel(
+        DeviceMesh.from_group(gloo, "cpu"), ctx.rank, ctx.world_size
+    )
+    _check_against_gloo_and_replay(tested, reference)
 
 
 def _rows(rank: int, world: int) -> torch.Tensor:
