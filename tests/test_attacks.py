@@ -216,8 +216,19 @@ def _dial_planted_server(ctx: RankContext) -> dict[str, object]:
     planted = wc.PlantedServer(token_guess="")
     port = planted.start()
     store = dist.PrefixStore("planted", ctx.store())
-    prefix = "torch_grpc_pg/0/"
-    store.set(prefix + "endpoint/1", f"v1\nelsewhere\n127.0.0.1:{port}\n")
+
+    def plant() -> None:
+        # Anyone who reaches the store can join as rank 1 and publish an address
+        # (through a client of its own: rank 0's blocks in its waits).
+        theirs = dist.PrefixStore("planted", ctx.store())
+        instance = wc.join_group_instance(theirs, 1, 2)
+        theirs.set(
+            f"{wc.RENDEZVOUS}{instance}/endpoint/1",
+            f"v1\nelsewhere\n127.0.0.1:{port}\n",
+        )
+
+    planter = threading.Thread(target=plant, daemon=True)
+    planter.start()
     error = ""
     try:
         torch_grpc_pg.ProcessGroupGrpc(
@@ -235,6 +246,7 @@ def _dial_planted_server(ctx: RankContext) -> dict[str, object]:
         )
     except Exception as exc:
         error = str(exc)
+    planter.join(timeout=5)
     planted.stop()
     raw = b"".join(h.SerializeToString() for h in planted.hellos) + b"".join(
         planted.messages

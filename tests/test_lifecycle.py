@@ -521,3 +521,52 @@ def test_a_dead_peer_fails_the_group_everywhere_within_a_second() -> None:
             outcome,
         )
         assert outcome["call_s"] < 1.0, (res.rank, outcome)
+
+
+# --------------------------------------------------------------------------- a store that outlives a group
+
+
+def _short_then_whole(ctx: RankContext) -> dict[str, Any]:
+    """Ranks 0 and 2 create group "g" without rank 1, which never comes, and fail; then
+    all three create "g" again on the same store, as torchrun's next attempt does after
+    a rank died before its init. The store still holds the short instance's keys."""
+    import torch_grpc_pg
+    from torch_grpc_pg.options import Options
+
+    store = dist.PrefixStore("short-then-whole", ctx.store())
+    seen: dict[str, Any] = {}
+    if ctx.rank != 1:
+        # Together, so that only rank 1 is missing from the short instance.
+        store_barrier(ctx.store(), 2, "the short instance starts")
+        seen["short"] = _raised(
+            lambda: torch_grpc_pg._new_backend(
+                store,
+                ctx.rank,
+                3,
+                timedelta(seconds=60),
+                "g",
+                Options(connect_timeout=timedelta(seconds=2)),
+            )
+        )[0]
+    store_barrier(ctx.store(), ctx.world_size, "the short instance is over")
+    started = time.monotonic()
+    backend = torch_grpc_pg._new_backend(
+        store, ctx.rank, 3, timedelta(seconds=60), "g", Options()
+    )
+    seen["setup_s"] = time.monotonic() - started
+    x = torch.full((5,), float(ctx.rank + 1))
+    backend.allreduce([x]).wait()
+    seen["sum"] = x.tolist()
+    backend.shutdown()
+    return seen
+
+
+def test_a_group_created_again_on_a_store_left_by_a_short_instance() -> None:
+    for res in run_ranks(_short_then_whole, 3, timeout_s=120):
+        seen = res.value
+        if res.rank != 1:
+            assert seen["short"] is not None, seen
+            assert "rank 1 did not publish an address" in seen["short"], seen
+        assert seen["sum"] == [6.0] * 5, (res.rank, seen)
+        # Not after a connect timeout (60 s): the short instance's keys were not read as its own.
+        assert seen["setup_s"] < 10, (res.rank, seen)

@@ -32,27 +32,20 @@ def _relayed_allreduces(
     ctx: RankContext, tamper_name: str, encrypt: bool
 ) -> dict[str, object]:
     import relay
+    import wire_client as wc
 
     import torch_grpc_pg
 
-    store = dist.PrefixStore("relayed", ctx.store())
-    rendezvous = "torch_grpc_pg/0/"
+    store: dist.Store = dist.PrefixStore("relayed", ctx.store())
     rank1_port = ctx.spare_ports[0]
     planted = None
     if ctx.rank == 0:
         planted = relay.Relay.for_attack(tamper_name, f"127.0.0.1:{rank1_port}")
         relay_port = planted.start()
-        # Written before rank 1 publishes its own: rank 0 reads this one.
-        store.set(rendezvous + "endpoint/1", f"v1\nelsewhere\n127.0.0.1:{relay_port}\n")
-        store.set("planted", "1")
-    else:
-        store.wait(["planted"])
-        # Rank 1 publishes (and overwrites the planted address) only once rank 0 has
-        # dialled the relay, which waits for rank 1's server.
-        while not store.check(["dialled"]):
-            time.sleep(0.01)
-    if planted is not None:
-        planted.on_call = lambda: store.set("dialled", "1")
+        # Rank 0 reads the relay's address where rank 1's belongs.
+        store = wc.StoreWithPlantedEndpoint(
+            store, 1, f"v1\nelsewhere\n127.0.0.1:{relay_port}\n"
+        )
     options = torch_grpc_pg.Options(
         auth_token=TOKEN,
         encrypt=encrypt,

@@ -6,9 +6,11 @@ from __future__ import annotations
 import hmac
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import grpc
 import torch.distributed as dist
@@ -29,11 +31,83 @@ from torch_grpc_pg.wire import (  # noqa: F401 - re-exported for the tests
     server_proof,
 )
 
-# Where a rank's rendezvous keeps its keys (csrc/backend/process_group_grpc.cc).
+# Where a rank's rendezvous keeps its keys (csrc/backend/group_instance.h).
 RENDEZVOUS = "torch_grpc_pg/"
 
 
 Handler = Callable[[Iterator[bytes], grpc.ServicerContext], Iterator[bytes]]
+
+
+class StoreWithPlantedEndpoint(dist.Store):
+    """A rank's view of a store in which an attacker has replaced one rank's address
+    with its own: what anyone who can write the store achieves by overwriting the key
+    as soon as the rank publishes it. Everything else goes to ``inner``."""
+
+    def __init__(self, inner: dist.Store, rank: int, endpoint: str) -> None:
+        super().__init__()
+        self.inner, self.suffix, self.endpoint = inner, f"/endpoint/{rank}", endpoint
+
+    def get(self, key: str) -> bytes:
+        if key.startswith(RENDEZVOUS) and key.endswith(self.suffix):
+            self.inner.wait([key])
+            return self.endpoint.encode()
+        return self.inner.get(key)
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self.inner.set(key, value)
+
+    def add(self, key: str, value: int) -> int:
+        return self.inner.add(key, value)
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        return self.inner.compare_set(key, expected, desired)
+
+    def delete_key(self, key: str) -> bool:
+        return self.inner.delete_key(key)
+
+    def num_keys(self) -> int:
+        return self.inner.num_keys()
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self.inner.set_timeout(timeout)
+
+    def check(self, keys: list[str]) -> bool:
+        return self.inner.check(keys)
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        if timeout is None:
+            self.inner.wait(keys)
+        else:
+            self.inner.wait(keys, timeout)
+
+
+def join_group_instance(store: dist.Store, rank: int, world: int) -> str:
+    """The name of the group instance ``rank`` joins, as csrc/backend/group_instance.h
+    hands it out: rank 0 opens one under a fresh name and answers each peer's fresh
+    nonce with it. The store keeps the instance's keys under RENDEZVOUS + name + "/"."""
+    if rank != 0:
+        nonce = os.urandom(16).hex()
+        store.set(f"{RENDEZVOUS}hello/{rank}", nonce)
+        welcome = f"{RENDEZVOUS}welcome/{rank}/{nonce}"
+        store.wait([welcome])
+        name = store.get(welcome).decode()
+        store.set(f"{RENDEZVOUS}{name}/joined/{rank}", "1")
+        return name
+    name = os.urandom(16).hex()
+    store.wait([f"{RENDEZVOUS}hello/{r}" for r in range(1, world)])
+    answered: set[tuple[int, str]] = set()
+    pending = set(range(1, world))
+    while pending:
+        for r in sorted(pending):
+            nonce = store.get(f"{RENDEZVOUS}hello/{r}").decode()
+            if (r, nonce) not in answered:
+                store.set(f"{RENDEZVOUS}welcome/{r}/{nonce}", name)
+                answered.add((r, nonce))
+            if store.check([f"{RENDEZVOUS}{name}/joined/{r}"]):
+                pending.discard(r)
+        if pending:
+            time.sleep(0.001)  # a hello left by an earlier instance: read it again
+    return name
 
 
 def _exchange_server(handle: Handler) -> tuple[grpc.Server, int]:
@@ -118,13 +192,9 @@ class PythonRank:
     def join(self) -> None:
         """The rendezvous, as ProcessGroupGrpc::rendezvous runs it; returns once every rank
         has reported."""
-        arrival = self.store.add(RENDEZVOUS + "arrivals", 1)
-        prefix = f"{RENDEZVOUS}{(arrival - 1) // self.world}/"
-        if self.rank == 0:
-            self.store.set(prefix + "instance", os.urandom(8).hex())
-        self.group_key = (
-            f"{self.group_name}#{self.store.get(prefix + 'instance').decode()}"
-        )
+        instance = join_group_instance(self.store, self.rank, self.world)
+        prefix = f"{RENDEZVOUS}{instance}/"
+        self.group_key = f"{self.group_name}#{instance}"
         self.server, port = _exchange_server(self._serve)
         peer = 0 if self.rank != 0 else 1
         machine = self.store.get(prefix + f"endpoint/{peer}").decode().split("\n")[1]

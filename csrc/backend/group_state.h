@@ -15,9 +15,10 @@
 //    rank, naming every failed rank's        v             │ the destructor
 //    reason; there is nothing to destroy) Destroyed <──────┘ (Ready goes here too)
 //
-// Initializing (ProcessGroupGrpc::rendezvous). Each rank starts its transport,
-//   publishes its address, connects to every peer and then writes its outcome
-//   ("ok" or its reason) under the group's store prefix, even if its own
+// Initializing (ProcessGroupGrpc::rendezvous). Each rank joins the group's
+//   instance, a fresh name that rank 0 hands out (group_instance.h), starts its
+//   transport, publishes its address, connects to every peer and then writes its
+//   outcome ("ok" or its reason) under the instance's store prefix, even if its own
 //   transport could not start (it then publishes an empty address, so that
 //   nobody waits for it). It keeps its server up until every rank has
 //   reported or connect_timeout has passed since its own report, so that no

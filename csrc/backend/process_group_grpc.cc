@@ -5,10 +5,10 @@
 #include <c10/util/Exception.h>
 
 #include <future>
-#include <random>
 #include <sstream>
 
 #include "algorithms/collective_error.h"
+#include "backend/group_instance.h"
 #include "backend/store_access.h"
 #include "transport/endpoint.h"
 
@@ -16,13 +16,6 @@ namespace tgpg {
 namespace {
 
 constexpr const char* kStorePrefix = "torch_grpc_pg/";
-
-std::string random_hex() {
-  std::random_device random;
-  std::ostringstream out;
-  out << std::hex << random() << random() << random() << random();
-  return out.str();
-}
 
 std::string message_of(const std::exception& e) {
   if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) return c10_error->what_without_backtrace();
@@ -114,15 +107,20 @@ void ProcessGroupGrpc::setTimeout(std::chrono::milliseconds timeout) {
 
 // Initializing (group_state.h): connect, report, wait for every report, decide together.
 void ProcessGroupGrpc::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) {
-  // Several groups may share one store prefix (a group re-created on the same
-  // store): the arrival count tells which generation this one is.
-  const int64_t arrival = store->add(std::string(kStorePrefix) + "arrivals", 1);
-  const std::string generation = std::to_string((arrival - 1) / size_);
-  const std::string prefix = std::string(kStorePrefix) + generation + "/";
-  if (rank_ == 0) store_set(store, prefix + "instance", random_hex());
-  const std::string group_key = options_.group_name + "#" + store_string(store, prefix + "instance");
   const std::chrono::milliseconds bound = options_.transport.connect_timeout;
-
+  const auto deadline = std::chrono::steady_clock::now() + bound;
+  // The store may hold earlier instances of this group (group_instance.h).
+  const std::string instance = rank_ == 0 ? new_instance_name() : join_instance(store, kStorePrefix, rank_, deadline);
+  if (instance.empty()) {
+    C10_THROW_ERROR(DistBackendError,
+                    "grpc backend on rank " + std::to_string(rank_) + ": creating process group '" +
+                        options_.group_name + "' of " + std::to_string(size_) + " ranks failed: rank 0 did not " +
+                        "open the group within the connect timeout (" + seconds_text(bound) +
+                        ", TORCH_GRPC_PG_CONNECT_TIMEOUT); it may have crashed or hung before creating this group, "
+                        "or still be starting. Check rank 0's log, or raise the timeout if it starts slowly.");
+  }
+  const std::string prefix = std::string(kStorePrefix) + instance + "/";
+  const std::string group_key = options_.group_name + "#" + instance;
   // This rank's outcome: "" when it could reach every peer.
   std::string failure;
   try {
@@ -146,8 +144,11 @@ void ProcessGroupGrpc::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) 
   // An empty address tells peers not to wait for, or dial, a rank that failed to start.
   store_set(store, prefix + "endpoint/" + std::to_string(rank_),
             failure.empty() ? messenger_->local_endpoint() : std::string());
-  std::vector<bool> absent(size_, false);  // never published an address within `bound`
-  if (failure.empty()) failure = connect_peers(store, prefix, absent);
+  // Never published an address within `bound`. Rank 0 publishes its own before
+  // it admits the peers, so that every peer that joins finds it.
+  std::vector<bool> absent =
+      rank_ == 0 ? admit_peers(store, kStorePrefix, instance, size_, deadline) : std::vector<bool>(size_, false);
+  if (failure.empty()) failure = connect_peers(store, prefix, absent, deadline);
   // The shared segment, where every rank lives on this host; reported before
   // the outcome, so that every rank reads every report once outcomes are in.
   const bool segment = failure.empty() && wants_segment();
@@ -217,17 +218,17 @@ void ProcessGroupGrpc::publish_server(const c10::intrusive_ptr<c10d::Store>& sto
 }
 
 std::string ProcessGroupGrpc::connect_peers(const c10::intrusive_ptr<c10d::Store>& store,
-                                            const std::string& prefix, std::vector<bool>& absent) {
-  const auto deadline = std::chrono::steady_clock::now() + options_.transport.connect_timeout;
+                                            const std::string& prefix, std::vector<bool>& absent,
+                                            std::chrono::steady_clock::time_point deadline) {
   std::vector<std::string> endpoints;
   endpoints.reserve(size_);
   bool peer_failed_to_start = false;
   for (int r = 0; r < size_; ++r) {
     const std::string key = prefix + "endpoint/" + std::to_string(r);
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    bool published = true;
+    bool published = !absent[r];
     try {
-      store->wait({key}, std::max(left, std::chrono::milliseconds(1)));
+      if (published) store->wait({key}, std::max(left, std::chrono::milliseconds(1)));
     } catch (const std::exception&) {
       published = store->check({key});  // it may have arrived just now
     }

@@ -228,10 +228,11 @@ class ProcessGroupGrpc : public c10d::Backend {
   // Collectives of at most this many bytes per rank run in the segment.
   static constexpr size_t kSegmentMaxBytes = size_t{1} << 62;
   void publish_server(const c10::intrusive_ptr<c10d::Store>& store) const;
-  // Waits for every peer's address and connects to it; returns why not, or "".
-  // Marks in `absent` the ranks that published no address within the bound.
+  // Waits until `deadline` for every peer's address and connects to it; returns
+  // why not, or "". Marks in `absent` the ranks that published no address (those
+  // marked already are not waited for).
   std::string connect_peers(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,
-                            std::vector<bool>& absent);
+                            std::vector<bool>& absent, std::chrono::steady_clock::time_point deadline);
 
   // The worker's part of a job that uses this object; returns what completes its Work.
   struct OpSummary {

@@ -1,0 +1,122 @@
+#include "backend/group_instance.h"
+
+#include <algorithm>
+#include <cctype>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "backend/store_access.h"
+
+namespace tgpg {
+namespace {
+
+// Rank 0 reads the hellos again this soon, doubling up to the most: how late
+// it answers a peer that arrives while another is still missing, or that
+// replaces a hello left by an earlier instance, against how often it asks the
+// store. The last peer to arrive is answered at once (its hello is waited for).
+constexpr std::chrono::milliseconds kFirstRecheck{1};
+constexpr std::chrono::milliseconds kMostRecheck{32};
+// A peer answered just before the deadline gets this long to say it joined.
+constexpr std::chrono::milliseconds kLastJoinGrace{1000};
+
+std::chrono::milliseconds left_until(std::chrono::steady_clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  return std::max(left, std::chrono::milliseconds(1));
+}
+
+// Whether every key exists within `timeout`; never throws for a timeout.
+bool wait_for(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<std::string>& keys,
+              std::chrono::milliseconds timeout) {
+  if (keys.empty()) return true;
+  try {
+    store->wait(keys, timeout);
+    return true;
+  } catch (const std::exception&) {
+    return store->check(keys);  // it may have arrived just now
+  }
+}
+
+// Names and nonces are new_instance_name()'s. The store is not authenticated:
+// whatever else is under a hello or welcome key is not answered or joined, and
+// never becomes part of a key.
+bool is_instance_name(const std::string& text) {
+  return !text.empty() && text.size() <= 32 &&
+         std::all_of(text.begin(), text.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); });
+}
+
+std::string hello_key(const std::string& base, int rank) { return base + "hello/" + std::to_string(rank); }
+
+std::string welcome_key(const std::string& base, int rank, const std::string& nonce) {
+  return base + "welcome/" + std::to_string(rank) + "/" + nonce;
+}
+
+std::string joined_key(const std::string& base, const std::string& name, int rank) {
+  return base + name + "/joined/" + std::to_string(rank);
+}
+
+}  // namespace
+
+std::string new_instance_name() {
+  std::random_device random;
+  std::ostringstream out;
+  out << std::hex << random() << random() << random() << random();
+  return out.str();
+}
+
+std::vector<bool> admit_peers(const c10::intrusive_ptr<c10d::Store>& store, const std::string& base,
+                              const std::string& name, int size, std::chrono::steady_clock::time_point deadline) {
+  std::vector<int> pending;
+  for (int r = 1; r < size; ++r) pending.push_back(r);
+  std::vector<std::set<std::string>> answered(size);
+  auto recheck = kFirstRecheck;
+  bool last_round = false;
+  while (true) {
+    std::vector<std::string> silent;  // peers with no hello yet
+    std::vector<std::string> joins;   // of the peers answered
+    for (int r : pending) {
+      if (!store->check({hello_key(base, r)})) {
+        silent.push_back(hello_key(base, r));
+        continue;
+      }
+      const std::string nonce = store_string(store, hello_key(base, r));
+      if (is_instance_name(nonce) && answered[r].insert(nonce).second) {
+        store_set(store, welcome_key(base, r, nonce), name);
+      }
+      joins.push_back(joined_key(base, name, r));
+    }
+    std::vector<int> still;
+    for (int r : pending) {
+      if (!store->check({joined_key(base, name, r)})) still.push_back(r);
+    }
+    pending.swap(still);
+    if (pending.empty() || last_round) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      // Answered peers that are joining now get a moment; silent ones are absent.
+      wait_for(store, joins, kLastJoinGrace);
+      last_round = true;
+      continue;
+    }
+    // The missing hellos, or else the joins, are waited for: whichever comes
+    // last ends the wait at once.
+    wait_for(store, silent.empty() ? joins : silent, std::min(recheck, left_until(deadline)));
+    recheck = std::min(recheck * 2, kMostRecheck);
+  }
+  std::vector<bool> absent(size, false);
+  for (int r : pending) absent[r] = true;
+  return absent;
+}
+
+std::string join_instance(const c10::intrusive_ptr<c10d::Store>& store, const std::string& base, int rank,
+                          std::chrono::steady_clock::time_point deadline) {
+  const std::string nonce = new_instance_name();
+  store_set(store, hello_key(base, rank), nonce);
+  const std::string welcome = welcome_key(base, rank, nonce);
+  if (!wait_for(store, {welcome}, left_until(deadline))) return "";
+  const std::string name = store_string(store, welcome);
+  if (!is_instance_name(name)) return "";
+  store_set(store, joined_key(base, name, rank), "1");
+  return name;
+}
+
+}  // namespace tgpg
