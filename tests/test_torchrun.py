@@ -75,31 +75,43 @@ def test_torchrun_restarts_the_job_after_a_rank_dies(tmp_path: Path, dies: str) 
     assert took < 50, f"the job took {took:.0f} s\n{outcome.describe('torchrun')}"
 
 
-def test_torch_distributed_debug_detail(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ("grpc", "cpu:grpc,cuda:gloo"))
+def test_torch_distributed_debug_detail(tmp_path: Path, backend: str) -> None:
     """TORCH_DISTRIBUTED_DEBUG=DETAIL, which users set to find ranks that disagree.
 
-    torch wraps gloo and NCCL in its ProcessGroupWrapper then; it leaves grpc's group
-    as it is (grpc returns a whole ProcessGroup), and grpc's own check of every
-    collective reports the disagreement instead, naming both ranks.
+    torch wraps gloo and NCCL in its ProcessGroupWrapper then, which checks each
+    collective's shapes on a helper gloo group first. A "grpc" group is a whole
+    ProcessGroup of grpc's, which torch leaves as it is: grpc's own check of every
+    collective reports the disagreement, naming both ranks. With a mixed backend
+    string torch wraps grpc's backend as it wraps gloo's, and the wrapper reports it.
     """
     world = 2
     outcome, outcomes, _ = _torchrun(
         tmp_path,
         "debug_detail.py",
         ["--nproc-per-node", str(world)],
-        {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
+        {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "BACKEND": backend},
         timeout=120,
     )
     assert outcome.returncode == 0, outcome.describe("torchrun")
+    wrapped = backend != "grpc"
     for rank in range(world):
         seen = json.loads((outcomes / f"rank{rank}.json").read_text())
         assert seen["debug_level"].endswith("DETAIL"), seen
+        assert seen["cpu_backend"] == (
+            "_ProcessGroupWrapper" if wrapped else "ProcessGroupGrpc"
+        ), seen
         assert seen["all_reduce"] == [1.0, 3.0, 5.0, 7.0], seen
         assert seen["all_gather"] == [[0.0, 0.0], [1.0, 1.0]], seen
         assert seen["ddp_grad"] == pytest.approx(seen["reference_grad"], rel=1e-5), seen
+        mismatch = seen["mismatch"]
+        assert mismatch is not None, seen
+        if wrapped:
+            assert "Detected mismatch between collectives on ranks" in mismatch, seen
+            assert f"TensorShape=[{3 + rank}]" in mismatch, seen
+            continue
         other = 1 - rank
-        assert seen["mismatch"] is not None, seen
-        assert seen["mismatch"].startswith("DistBackendError: allreduce"), seen
-        assert f"(float32, {3 + rank} elements, SUM) on rank {rank}" in seen["mismatch"]
-        assert f"rank {other}, which is running allreduce" in seen["mismatch"]
-        assert f"{3 + other} elements" in seen["mismatch"], seen
+        assert mismatch.startswith("DistBackendError: allreduce"), seen
+        assert f"(float32, {3 + rank} elements, SUM) on rank {rank}" in mismatch
+        assert f"rank {other}, which is running allreduce" in mismatch
+        assert f"{3 + other} elements" in mismatch, seen

@@ -2,6 +2,8 @@
 
     TORCH_DISTRIBUTED_DEBUG=DETAIL torchrun --standalone --nproc-per-node 2 debug_detail.py
 
+``BACKEND`` is the backend string (``grpc`` unless set; ``cpu:grpc,cuda:gloo`` mixes).
+
 Each rank writes ``$OUTCOME_DIR/rank<R>.json``: its allreduce and allgather results,
 DDP's gradient next to the same gradient computed on the whole batch in float64 in this
 process, and the error of a collective whose size differs between the ranks. Run by
@@ -26,9 +28,14 @@ def batch(rank: int) -> torch.Tensor:
 
 
 def main() -> None:
-    dist.init_process_group("grpc")
+    dist.init_process_group(os.environ.get("BACKEND", "grpc"))
     rank, world = dist.get_rank(), dist.get_world_size()
-    out: dict[str, object] = {"debug_level": str(dist.get_debug_level())}
+    out: dict[str, object] = {
+        "debug_level": str(dist.get_debug_level()),
+        "cpu_backend": type(
+            dist.group.WORLD._get_backend(torch.device("cpu"))
+        ).__name__,
+    }
 
     x = torch.arange(4.0) + rank
     dist.all_reduce(x)
