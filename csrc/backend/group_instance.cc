@@ -5,19 +5,19 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "backend/store_access.h"
 
 namespace tgpg {
 namespace {
 
-// Rank 0 reads the hellos again this soon, doubling up to the most: how late
-// it answers a peer that arrives while another is still missing, or that
-// replaces a hello left by an earlier instance, against how often it asks the
-// store. The last peer to arrive is answered at once (its hello is waited for).
-constexpr std::chrono::milliseconds kFirstRecheck{1};
-constexpr std::chrono::milliseconds kMostRecheck{32};
-// A peer answered just before the deadline gets this long to say it joined.
+// Rank 0 looks for joins (and reads unjoined peers' hellos again) this soon,
+// doubling up to the most: how late it sees a join, or answers a hello that
+// replaced an earlier instance's, against how often it asks the store.
+constexpr std::chrono::microseconds kFirstRecheck{100};
+constexpr std::chrono::microseconds kMostRecheck{10000};
+// A peer answered at the deadline gets this long to say it joined.
 constexpr std::chrono::milliseconds kLastJoinGrace{1000};
 
 std::chrono::milliseconds left_until(std::chrono::steady_clock::time_point deadline) {
@@ -69,11 +69,9 @@ std::vector<bool> admit_peers(const c10::intrusive_ptr<c10d::Store>& store, cons
   std::vector<int> pending;
   for (int r = 1; r < size; ++r) pending.push_back(r);
   std::vector<std::set<std::string>> answered(size);
-  auto recheck = kFirstRecheck;
-  bool last_round = false;
-  while (true) {
-    std::vector<std::string> silent;  // peers with no hello yet
-    std::vector<std::string> joins;   // of the peers answered
+  // Answers the hellos there are; returns the peers with none yet.
+  const auto answer = [&]() {
+    std::vector<std::string> silent;
     for (int r : pending) {
       if (!store->check({hello_key(base, r)})) {
         silent.push_back(hello_key(base, r));
@@ -83,8 +81,22 @@ std::vector<bool> admit_peers(const c10::intrusive_ptr<c10d::Store>& store, cons
       if (is_instance_name(nonce) && answered[r].insert(nonce).second) {
         store_set(store, welcome_key(base, r, nonce), name);
       }
-      joins.push_back(joined_key(base, name, r));
     }
+    return silent;
+  };
+  // Peers that have not said hello are waited for, not polled: the group needs
+  // every one of them, and the last to arrive is answered at once. A peer whose
+  // hello replaces an earlier instance's waits for its answer until then.
+  const std::vector<std::string> silent = answer();
+  if (!silent.empty()) wait_for(store, silent, left_until(deadline));
+  // Joins follow answers within a store round trip or two, unless the hello
+  // answered was an earlier instance's: then its peer's own is read and answered
+  // on a later pass. Polled (check, then sleep) rather than waited for with a
+  // short timeout, which the store's client logs as a warning each time.
+  auto pause = kFirstRecheck;
+  bool last_round = false;
+  while (true) {
+    answer();
     std::vector<int> still;
     for (int r : pending) {
       if (!store->check({joined_key(base, name, r)})) still.push_back(r);
@@ -92,15 +104,13 @@ std::vector<bool> admit_peers(const c10::intrusive_ptr<c10d::Store>& store, cons
     pending.swap(still);
     if (pending.empty() || last_round) break;
     if (std::chrono::steady_clock::now() >= deadline) {
-      // Answered peers that are joining now get a moment; silent ones are absent.
-      wait_for(store, joins, kLastJoinGrace);
+      // Peers answered at the deadline get a moment to say they joined; then the rest are absent.
+      std::this_thread::sleep_for(kLastJoinGrace);
       last_round = true;
       continue;
     }
-    // The missing hellos, or else the joins, are waited for: whichever comes
-    // last ends the wait at once.
-    wait_for(store, silent.empty() ? joins : silent, std::min(recheck, left_until(deadline)));
-    recheck = std::min(recheck * 2, kMostRecheck);
+    std::this_thread::sleep_for(std::min<std::chrono::microseconds>(pause, left_until(deadline)));
+    pause = std::min(pause * 2, kMostRecheck);
   }
   std::vector<bool> absent(size, false);
   for (int r : pending) absent[r] = true;

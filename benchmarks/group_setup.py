@@ -1,0 +1,150 @@
+"""What creating a process group costs: `new_group` and its first collective.
+
+    .venv/bin/python benchmarks/group_setup.py
+    .venv/bin/python benchmarks/group_setup.py --world-sizes 2,4,8 --rounds 50
+
+A job pays it for every group it makes: DeviceMesh's dimensions, FSDP and tensor-parallel
+subgroups, and torchft, which makes a new group for every quorum. Both backends run in the
+same processes, alternating round by round; each round times, on every rank, one
+`dist.new_group(backend=...)` followed by a 4-byte `all_reduce` on it (the first collective
+is where gloo finishes connecting), takes the slowest rank, and destroys the group. The
+table gives the median over the rounds with its quartiles, and grpc's median over the
+reference backend's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from _args import parse_ints, parse_list
+from _report import (
+    Column,
+    fmt_num,
+    fmt_ratio,
+    format_table,
+    machine_info,
+    write_outputs,
+)
+from _spawn import RankContext, WorldFailed, run_world
+
+
+def one_setup(ctx: RankContext, backend: str) -> float:
+    """Seconds, on the slowest rank, from new_group to the end of its first allreduce."""
+    ctx.barrier()
+    started = time.perf_counter()
+    group = ctx.new_group(backend)
+    one = torch.ones(1)
+    dist.all_reduce(one, group=group)
+    took = time.perf_counter() - started
+    if one.item() != ctx.world:  # a wrong result must not pass for a fast one
+        raise RuntimeError(
+            f"{backend}: first allreduce gave {one.item()}, not {ctx.world}"
+        )
+    dist.destroy_process_group(group)
+    return ctx.max_across([took])[0]
+
+
+def rank_main(ctx: RankContext) -> None:
+    p = ctx.payload
+    for backend in p["backends"]:  # the first group of each backend starts its server
+        one_setup(ctx, backend)
+    times: dict[str, list[float]] = {b: [] for b in p["backends"]}
+    for _ in range(p["rounds"]):
+        for backend in p["backends"]:
+            times[backend].append(one_setup(ctx, backend))
+    if ctx.rank == 0:
+        for backend, samples in times.items():
+            quartiles = statistics.quantiles(samples, n=4)
+            ctx.emit(
+                "row",
+                {
+                    "backend": backend,
+                    "world": ctx.world,
+                    "rounds": len(samples),
+                    "median_ms": statistics.median(samples) * 1e3,
+                    "q1_ms": quartiles[0] * 1e3,
+                    "q3_ms": quartiles[2] * 1e3,
+                },
+            )
+
+
+def with_ratios(rows: list[dict[str, Any]], reference: str) -> list[dict[str, Any]]:
+    out = []
+    for row in rows:
+        base = next(
+            (
+                r
+                for r in rows
+                if r["world"] == row["world"] and r["backend"] == reference
+            ),
+            None,
+        )
+        ratio = row["median_ms"] / base["median_ms"] if base else None
+        out.append({**row, "vs_reference": ratio})
+    return out
+
+
+TABLE = [
+    Column("world", "world"),
+    Column("backend", "backend"),
+    Column("rounds", "rounds"),
+    Column("median ms", "median_ms", fmt_num(1)),
+    Column("quartiles ms", "q1_ms", fmt_num(1)),
+    Column("", "q3_ms", fmt_num(1)),
+    Column("time vs reference", "vs_reference", fmt_ratio),
+]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--backends", type=parse_list, default=["grpc", "gloo"])
+    parser.add_argument("--reference", default="gloo")
+    parser.add_argument("--world-sizes", type=parse_ints, default=[2, 4])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).resolve().parent / "out"
+    )
+    args = parser.parse_args(argv)
+    if args.rounds < 2:
+        parser.error("--rounds must be at least 2, for the quartiles")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rows: list[dict[str, Any]] = []
+    for world in args.world_sizes:
+        payload = {"backends": args.backends, "rounds": args.rounds}
+        try:
+            run_world(
+                rank_main,
+                world,
+                payload,
+                lambda kind, data: rows.append(data) if kind == "row" else None,
+                timeout_s=args.timeout,
+            )
+        except WorldFailed as exc:
+            print(f"error: world {world}: {exc}", file=sys.stderr)
+            return 1
+    machine = machine_info()
+    table = with_ratios(rows, args.reference)
+    print(f"{machine['cpu']}, {machine['cpu_count']} CPUs, {machine['platform']}")
+    print(format_table(table, TABLE))
+    meta = {**machine, "command": " ".join(sys.argv)}
+    paths = write_outputs(args.out, "group_setup", meta, {"rows": table})
+    print("\nwrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
