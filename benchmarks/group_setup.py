@@ -5,7 +5,9 @@
 
 A job pays it for every group it makes: DeviceMesh's dimensions, FSDP and tensor-parallel
 subgroups, and torchft, which makes a new group for every quorum. Both backends run in the
-same processes, alternating round by round; each round times, on every rank, one
+same processes (a gloo default group for coordination), alternating round by round, or with
+--as-default each as the default group of processes of its own, as a training script has it;
+each round times, on every rank, one
 `dist.new_group(backend=...)` followed by a 4-byte `all_reduce` on it (the first collective
 is where gloo finishes connecting), takes the slowest rank, and destroys the group. The
 table gives the median over the rounds with its quartiles, and grpc's median over the
@@ -110,6 +112,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--reference", default="gloo")
     parser.add_argument("--world-sizes", type=parse_ints, default=[2, 4])
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument(
+        "--as-default",
+        action="store_true",
+        help="each backend the default group of its own processes",
+    )
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).resolve().parent / "out"
@@ -123,25 +130,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rows: list[dict[str, Any]] = []
+    # Interleaved: every backend in one set of processes. As default: one set each.
+    runs = (
+        [(b, [b]) for b in args.backends]
+        if args.as_default
+        else [("gloo", args.backends)]
+    )
     for world in args.world_sizes:
-        payload = {"backends": args.backends, "rounds": args.rounds}
-        try:
-            run_world(
-                rank_main,
-                world,
-                payload,
-                lambda kind, data: rows.append(data) if kind == "row" else None,
-                timeout_s=args.timeout,
-            )
-        except WorldFailed as exc:
-            print(f"error: world {world}: {exc}", file=sys.stderr)
-            return 1
+        for default_backend, backends in runs:
+            try:
+                run_world(
+                    rank_main,
+                    world,
+                    {"backends": backends, "rounds": args.rounds},
+                    lambda kind, data: rows.append(data) if kind == "row" else None,
+                    timeout_s=args.timeout,
+                    default_backend=default_backend,
+                )
+            except WorldFailed as exc:
+                print(f"error: world {world}: {exc}", file=sys.stderr)
+                return 1
     machine = machine_info()
     table = with_ratios(rows, args.reference)
     print(f"{machine['cpu']}, {machine['cpu_count']} CPUs, {machine['platform']}")
     print(format_table(table, TABLE))
     meta = {**machine, "command": " ".join(sys.argv)}
-    paths = write_outputs(args.out, "group_setup", meta, {"rows": table})
+    name = "group_setup_as_default" if args.as_default else "group_setup"
+    paths = write_outputs(args.out, name, meta, {"rows": table})
     print("\nwrote " + ", ".join(str(p) for p in paths))
     return 0
 
