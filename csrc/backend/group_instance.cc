@@ -20,23 +20,6 @@ constexpr std::chrono::microseconds kMostRecheck{10000};
 // A peer answered at the deadline gets this long to say it joined.
 constexpr std::chrono::milliseconds kLastJoinGrace{1000};
 
-std::chrono::milliseconds left_until(std::chrono::steady_clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-  return std::max(left, std::chrono::milliseconds(1));
-}
-
-// Whether every key exists within `timeout`; never throws for a timeout.
-bool wait_for(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<std::string>& keys,
-              std::chrono::milliseconds timeout) {
-  if (keys.empty()) return true;
-  try {
-    store->wait(keys, timeout);
-    return true;
-  } catch (const std::exception&) {
-    return store->check(keys);  // it may have arrived just now
-  }
-}
-
 // Names and nonces are new_instance_name()'s. The store is not authenticated:
 // whatever else is under a hello or welcome key is not answered or joined, and
 // never becomes part of a key.
@@ -73,11 +56,12 @@ std::vector<bool> admit_peers(const c10::intrusive_ptr<c10d::Store>& store, cons
   const auto answer = [&]() {
     std::vector<std::string> silent;
     for (int r : pending) {
-      if (!store->check({hello_key(base, r)})) {
-        silent.push_back(hello_key(base, r));
+      const std::string hello = hello_key(base, r);
+      if (!store->check({hello})) {
+        silent.push_back(hello);
         continue;
       }
-      const std::string nonce = store_string(store, hello_key(base, r));
+      const std::string nonce = store_string(store, hello);
       if (is_instance_name(nonce) && answered[r].insert(nonce).second) {
         store_set(store, welcome_key(base, r, nonce), name);
       }
@@ -88,7 +72,7 @@ std::vector<bool> admit_peers(const c10::intrusive_ptr<c10d::Store>& store, cons
   // every one of them, and the last to arrive is answered at once. A peer whose
   // hello replaces an earlier instance's waits for its answer until then.
   const std::vector<std::string> silent = answer();
-  if (!silent.empty()) wait_for(store, silent, left_until(deadline));
+  if (!silent.empty()) store_wait_for(store, silent, left_until(deadline));
   // Joins follow answers within a store round trip or two, unless the hello
   // answered was an earlier instance's: then its peer's own is read and answered
   // on a later pass. Polled (check, then sleep) rather than waited for with a
@@ -122,7 +106,7 @@ std::string join_instance(const c10::intrusive_ptr<c10d::Store>& store, const st
   const std::string nonce = new_instance_name();
   store_set(store, hello_key(base, rank), nonce);
   const std::string welcome = welcome_key(base, rank, nonce);
-  if (!wait_for(store, {welcome}, left_until(deadline))) return "";
+  if (!store_wait_for(store, {welcome}, left_until(deadline))) return "";
   const std::string name = store_string(store, welcome);
   if (!is_instance_name(name)) return "";
   store_set(store, joined_key(base, name, rank), "1");

@@ -225,13 +225,7 @@ std::string ProcessGroupGrpc::connect_peers(const c10::intrusive_ptr<c10d::Store
   bool peer_failed_to_start = false;
   for (int r = 0; r < size_; ++r) {
     const std::string key = prefix + "endpoint/" + std::to_string(r);
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    bool published = !absent[r];
-    try {
-      if (published) store->wait({key}, std::max(left, std::chrono::milliseconds(1)));
-    } catch (const std::exception&) {
-      published = store->check({key});  // it may have arrived just now
-    }
+    const bool published = !absent[r] && store_wait_for(store, {key}, left_until(deadline));
     if (!published) {
       std::string missing;
       int count = 0;

@@ -2,6 +2,8 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,27 @@ inline std::string store_string(const c10::intrusive_ptr<c10d::Store>& store, co
 inline void store_set(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key,
                       const std::string& value) {
   store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+}
+
+// Time left until `deadline` as a store timeout: at least 1 ms, since the
+// deadline may have passed and a store takes no timeout of 0.
+inline std::chrono::milliseconds left_until(std::chrono::steady_clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  return std::max(left, std::chrono::milliseconds(1));
+}
+
+// Whether every key exists within `timeout`; a timeout is an answer, not an
+// exception. (TCPStore's client logs a warning for each wait that times out:
+// wait only where the keys are expected, and poll with check() elsewhere.)
+inline bool store_wait_for(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<std::string>& keys,
+                           std::chrono::milliseconds timeout) {
+  if (keys.empty()) return true;
+  try {
+    store->wait(keys, timeout);
+    return true;
+  } catch (const std::exception&) {
+    return store->check(keys);  // it may have arrived just now
+  }
 }
 
 }  // namespace tgpg
