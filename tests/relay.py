@@ -54,7 +54,6 @@ class Relay:
     upstream: str
     tamper: Tamper | None
     tamper_count: int = 1
-    on_call: Callable[[], None] | None = None  # runs as each call arrives
     # Instead of `tamper`: take the first payload-bearing message out of its
     # call and send it ahead of the next one that another call carries.
     transplant: bool = False
@@ -120,8 +119,6 @@ class Relay:
         with self.lock:
             self.calls += 1
             call_index = self.calls
-        if self.on_call is not None:
-            self.on_call()
         outbox: queue.Queue[bytes | None] = queue.Queue()
 
         def pump() -> None:
