@@ -31,9 +31,9 @@ from _report import (
     fmt_num,
     fmt_ratio,
     format_table,
-    machine_info,
     write_outputs,
 )
+from _run_start import start_run
 from _spawn import RankContext, WorldFailed, run_world
 
 
@@ -108,8 +108,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--backends", type=parse_list, default=["grpc", "gloo"])
-    parser.add_argument("--reference", default="gloo")
+    parser.add_argument(
+        "--backends", type=parse_list, default=None, help="default: grpc,gloo"
+    )
     parser.add_argument("--world-sizes", type=parse_ints, default=[2, 4])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument(
@@ -121,6 +122,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).resolve().parent / "out"
     )
+    parser.set_defaults(device="cpu")  # what start_run reads
     args = parser.parse_args(argv)
     if args.rounds < 2:
         parser.error("--rounds must be at least 2, for the quartiles")
@@ -129,12 +131,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    start = start_run(args)
+    if start is None:
+        return 1
+    for note in start.notes:
+        print(f"note: {note}", file=sys.stderr)
     rows: list[dict[str, Any]] = []
     # Interleaved: every backend in one set of processes. As default: one set each.
     runs = (
-        [(b, [b]) for b in args.backends]
+        [(b, [b]) for b in start.backends]
         if args.as_default
-        else [("gloo", args.backends)]
+        else [(start.reference, start.backends)]
     )
     for world in args.world_sizes:
         for default_backend, backends in runs:
@@ -150,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             except WorldFailed as exc:
                 print(f"error: world {world}: {exc}", file=sys.stderr)
                 return 1
-    machine = machine_info()
-    table = with_ratios(rows, args.reference)
+    machine = start.machine
+    table = with_ratios(rows, start.reference)
     print(f"{machine['cpu']}, {machine['cpu_count']} CPUs, {machine['platform']}")
     print(format_table(table, TABLE))
     meta = {**machine, "command": " ".join(sys.argv)}

@@ -145,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         "warmup": args.warmup,
         "min_time": args.min_time,
     }
+    # Taken before the run, so that it tells whether other work was using the CPUs.
+    machine = machine_info()
     rows: list[dict[str, Any]] = []
     try:
         run_world(
@@ -157,7 +159,6 @@ def main(argv: list[str] | None = None) -> int:
     except WorldFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    machine = machine_info()
     table = summarize(rows, args.size, args.world)
     print(f"{machine['cpu']}, {machine['cpu_count']} CPUs, {machine['platform']}")
     print(format_table(table, TABLE))
