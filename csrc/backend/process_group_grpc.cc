@@ -4,6 +4,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <future>
 #include <sstream>
 
@@ -11,6 +12,7 @@
 #include "backend/group_instance.h"
 #include "backend/store_access.h"
 #include "transport/endpoint.h"
+#include "transport/run_together.h"
 
 namespace tgpg {
 namespace {
@@ -160,21 +162,22 @@ void ProcessGroupGrpc::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) 
   // this rank gone and every rank decides on the same reports.
   store_set(store, prefix + "outcome/" + std::to_string(rank_),
             failure.empty() ? std::string(kOk) : kFailedPrefix + failure);
-  store->add(prefix + "reported", 1);
   std::vector<std::string> awaited;
   for (int r = 0; r < size_; ++r) {
     if (!absent[r]) awaited.push_back(prefix + "outcome/" + std::to_string(r));
   }
-  try {
-    store->wait(awaited, bound);
-  } catch (const std::exception&) {
-    // Named below.
-  }
+  store_wait_for(store, awaited, bound);  // the ranks missing are named below
 
+  // Every report in one read: each rank's outcome, and where the segment is
+  // wanted, whether each rank mapped it.
+  std::vector<std::string> report_keys;
+  for (int r = 0; r < size_; ++r) report_keys.push_back(prefix + "outcome/" + std::to_string(r));
+  for (int r = 0; r < size_ && segment; ++r) report_keys.push_back(prefix + "segment/" + std::to_string(r));
+  const std::vector<std::optional<std::string>> reports = store_strings_present(store, report_keys);
   std::vector<std::string> failures;
   for (int r = 0; r < size_; ++r) {
-    const std::string key = prefix + "outcome/" + std::to_string(r);
-    if (!store->check({key})) {
+    const std::optional<std::string>& outcome = reports[r];
+    if (!outcome) {
       failures.push_back(
           "rank " + std::to_string(r) + ": " +
           (absent[r] ? "did not publish its address within the connect timeout (" + seconds_text(bound) +
@@ -185,14 +188,13 @@ void ProcessGroupGrpc::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) 
                            "'s report; it may have crashed or hung, or still be connecting"));
       continue;
     }
-    const std::string outcome = store_string(store, key);
-    if (outcome == kOk) continue;
+    if (*outcome == kOk) continue;
     const std::string reason =
-        outcome.rfind(kFailedPrefix, 0) == 0 ? outcome.substr(std::string(kFailedPrefix).size()) : outcome;
+        outcome->rfind(kFailedPrefix, 0) == 0 ? outcome->substr(std::string(kFailedPrefix).size()) : *outcome;
     failures.push_back("rank " + std::to_string(r) + ": " + reason);
   }
   if (failures.empty()) {
-    if (segment) decide_segment(store, prefix);
+    if (segment) decide_segment({reports.begin() + size_, reports.end()});
     publish_server(store);
     return;
   }
@@ -220,26 +222,23 @@ void ProcessGroupGrpc::publish_server(const c10::intrusive_ptr<c10d::Store>& sto
 std::string ProcessGroupGrpc::connect_peers(const c10::intrusive_ptr<c10d::Store>& store,
                                             const std::string& prefix, std::vector<bool>& absent,
                                             std::chrono::steady_clock::time_point deadline) {
-  std::vector<std::string> endpoints;
-  endpoints.reserve(size_);
-  bool peer_failed_to_start = false;
-  for (int r = 0; r < size_; ++r) {
-    const std::string key = prefix + "endpoint/" + std::to_string(r);
-    const bool published = !absent[r] && store_wait_for(store, {key}, left_until(deadline));
-    if (!published) {
-      std::string missing;
-      int count = 0;
-      for (int q = r; q < size_; ++q) {
-        if (store->check({prefix + "endpoint/" + std::to_string(q)})) continue;
-        absent[q] = true;
-        missing += (count++ == 0 ? "" : ", ") + std::to_string(q);
-      }
-      return (count == 1 ? "rank " : "ranks ") + missing + " did not publish an address within the connect timeout (" +
-             seconds_text(options_.transport.connect_timeout) + ", TORCH_GRPC_PG_CONNECT_TIMEOUT)";
+  std::vector<std::string> keys;
+  for (int r = 0; r < size_; ++r) keys.push_back(prefix + "endpoint/" + std::to_string(r));
+  const bool any_absent = std::find(absent.begin(), absent.end(), true) != absent.end();
+  if (any_absent || !store_wait_for(store, keys, left_until(deadline))) {
+    std::string missing;
+    int count = 0;
+    for (int r = 0; r < size_; ++r) {
+      if (!absent[r] && store->check({keys[r]})) continue;
+      absent[r] = true;
+      missing += (count++ == 0 ? "" : ", ") + std::to_string(r);
     }
-    endpoints.push_back(store_string(store, key));
-    if (endpoints.back().empty()) peer_failed_to_start = true;
+    return (count == 1 ? "rank " : "ranks ") + missing + " did not publish an address within the connect timeout (" +
+           seconds_text(options_.transport.connect_timeout) + ", TORCH_GRPC_PG_CONNECT_TIMEOUT)";
   }
+  const std::vector<std::string> endpoints = store_strings(store, keys);
+  const bool peer_failed_to_start =
+      std::any_of(endpoints.begin(), endpoints.end(), [](const std::string& e) { return e.empty(); });
   // That rank reports its own reason; there is nothing to connect to.
   if (peer_failed_to_start) return "";
   try {
@@ -258,14 +257,17 @@ std::string ProcessGroupGrpc::connect_peers(const c10::intrusive_ptr<c10d::Store
   // The point-to-point streams too, though they may never carry a message: a
   // rank's place on a peer is taken by the first stream that claims it, so one
   // left for later would be a stranger's to take until the first send.
+  // All at once: each link's handshake is a few round trips, which overlap.
+  std::vector<std::function<void()>> connects;
   for (int i = 1; i < size_; ++i) {
     const int peer = (rank_ + i) % size_;
-    try {
-      messenger_->connect(peer);
-      p2p_->connect(peer);
-    } catch (const std::exception& e) {
-      return message_of(e);
-    }
+    connects.emplace_back([this, peer] { messenger_->connect(peer); });
+    connects.emplace_back([this, peer] { p2p_->connect(peer); });
+  }
+  try {
+    run_together(std::move(connects));
+  } catch (const std::exception& e) {
+    return message_of(e);
   }
   return "";
 }

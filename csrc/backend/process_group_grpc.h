@@ -214,7 +214,8 @@ class ProcessGroupGrpc : public c10d::Backend {
   std::string map_segment(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix);
   void report_segment(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,
                       const std::string& outcome);
-  void decide_segment(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix);
+  // From every rank's report of the segment, in rank order (none: no report).
+  void decide_segment(const std::vector<std::optional<std::string>>& reports);
   static const char* const kNoSegment;
   // Whether a collective of `bytes` (per rank) runs in the segment.
   bool on_segment(size_t bytes) const { return segment_ && bytes <= kSegmentMaxBytes; }

@@ -85,20 +85,16 @@ void ProcessGroupGrpc::report_segment(const c10::intrusive_ptr<c10d::Store>& sto
   store_set(store, prefix + "segment/" + std::to_string(rank_), outcome.empty() ? kSegmentOk : outcome);
 }
 
-void ProcessGroupGrpc::decide_segment(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix) {
+void ProcessGroupGrpc::decide_segment(const std::vector<std::optional<std::string>>& reports) {
   // Every rank reported before its setup outcome, which every rank has seen by
   // now: each reads the same reports and decides alike.
   std::string refused;
   for (int r = 0; r < size_ && refused.empty(); ++r) {
-    const std::string key = prefix + "segment/" + std::to_string(r);
     // A rank that reports no segment at all (one that runs another protocol)
-    // declines it: reading its absent key would wait out the store's timeout.
-    if (!store->check({key})) {
-      refused = "rank " + std::to_string(r) + " did not report whether it mapped the segment";
-      continue;
-    }
-    const std::string outcome = store_string(store, key);
-    if (outcome != kSegmentOk) refused = "rank " + std::to_string(r) + ": " + outcome;
+    // declines it.
+    const std::optional<std::string>& outcome = reports.at(r);
+    if (!outcome) refused = "rank " + std::to_string(r) + " did not report whether it mapped the segment";
+    else if (*outcome != kSegmentOk) refused = "rank " + std::to_string(r) + ": " + *outcome;
   }
   if (refused.empty()) return;
   segment_.reset();

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,34 @@ inline std::string store_string(const c10::intrusive_ptr<c10d::Store>& store, co
 inline void store_set(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key,
                       const std::string& value) {
   store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+}
+
+// Several values in one request: across a long link each store request costs
+// a round trip (a get two: TCPStore waits for the key first), and a group's
+// setup reads one value per rank several times over.
+inline std::vector<std::string> store_strings(const c10::intrusive_ptr<c10d::Store>& store,
+                                              const std::vector<std::string>& keys) {
+  std::vector<std::string> values;
+  values.reserve(keys.size());
+  for (const auto& bytes : store->multiGet(keys)) values.emplace_back(bytes.begin(), bytes.end());
+  return values;
+}
+
+// The values of the keys that exist, never waiting for one that does not: in
+// one request when all exist, else key by key.
+inline std::vector<std::optional<std::string>> store_strings_present(const c10::intrusive_ptr<c10d::Store>& store,
+                                                                     const std::vector<std::string>& keys) {
+  std::vector<std::optional<std::string>> values(keys.size());
+  if (keys.empty()) return values;
+  if (store->check(keys)) {
+    std::vector<std::string> all = store_strings(store, keys);
+    for (size_t i = 0; i < keys.size(); ++i) values[i] = std::move(all[i]);
+    return values;
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (store->check({keys[i]})) values[i] = store_string(store, keys[i]);
+  }
+  return values;
 }
 
 // Time left until `deadline` as a store timeout: at least 1 ms, since the

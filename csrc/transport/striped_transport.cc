@@ -4,6 +4,7 @@
 
 #include "transport/endpoint.h"
 #include "transport/grpc_messenger.h"
+#include "transport/run_together.h"
 
 namespace tgpg {
 
@@ -46,7 +47,9 @@ void StripedTransport::set_peer_endpoints(const std::vector<std::string>& endpoi
 
 void StripedTransport::connect(int peer) {
   if (!striped_.at(peer)) return first().connect(peer);
-  for (auto& connection : connections_) connection->connect(peer);
+  std::vector<std::function<void()>> connects;
+  for (auto& connection : connections_) connects.emplace_back([&connection, peer] { connection->connect(peer); });
+  run_together(std::move(connects));
 }
 
 GroupTransport& StripedTransport::connection(int peer, const Turn& turn) const {
