@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/group_setup.py
     .venv/bin/python benchmarks/group_setup.py --world-sizes 2,4,8 --rounds 50
+    .venv/bin/python benchmarks/group_setup.py --hosts 2 --rtt 40   # needs root and ip netns
 
 A job pays it for every group it makes: DeviceMesh's dimensions, FSDP and tensor-parallel
 subgroups, and torchft, which makes a new group for every quorum. Both backends run in the
@@ -12,13 +13,22 @@ each round times, on every rank, one
 is where gloo finishes connecting), takes the slowest rank, and destroys the group. The
 table gives the median over the rounds with its quartiles, and grpc's median over the
 reference backend's.
+
+With --hosts H, the ranks are two per "host" (network namespaces, tests/two_hosts/), H
+hosts --rtt ms apart, started by torchrun with the store on the first host, as
+benchmarks/two_hosts.py starts them: across a long link, every store request and every
+connection's handshake of a rank on another host costs round trips.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
+import queue
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +45,12 @@ from _report import (
 )
 from _run_start import start_run
 from _spawn import RankContext, WorldFailed, run_world
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "two_hosts"))
+import launch
+from job_runner import JobFailed
+
+from torch_grpc_pg._ports import free_port
 
 
 def one_setup(ctx: RankContext, backend: str) -> float:
@@ -77,6 +93,56 @@ def rank_main(ctx: RankContext) -> None:
             )
 
 
+def worker(args: argparse.Namespace) -> None:
+    """One torchrun rank of a job across hosts: rank_main's rounds; rank 0 writes the rows."""
+    torch.set_num_threads(1)
+    timeout = datetime.timedelta(seconds=args.timeout)
+    dist.init_process_group("gloo", timeout=timeout)
+    rows: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+    payload = {"backends": args.backends, "rounds": args.rounds}
+    ctx = RankContext(
+        dist.get_rank(),
+        dist.get_world_size(),
+        torch.device("cpu"),
+        payload,
+        timeout,
+        rows,
+    )
+    rank_main(ctx)
+    dist.destroy_process_group()
+    if ctx.rank == 0:
+        found = [rows.get()[1] for _ in range(rows.qsize())]
+        args.worker_out.write_text(json.dumps(found))
+
+
+def run_across_hosts(
+    args: argparse.Namespace, backends: list[str]
+) -> list[dict[str, Any]]:
+    """One torchrun job on --hosts namespaces --rtt ms apart; rank 0's rows."""
+    if reason := launch.unavailable_reason(args.hosts, args.rtt):
+        raise WorldFailed(reason)
+    name = launch.unique_name("tgpg-bench")
+    with (
+        launch.hosts_up(name, args.hosts, args.rtt) as hosts,
+        tempfile.TemporaryDirectory(prefix="group-setup-") as tmp,
+    ):
+        out = Path(tmp) / "rows.json"
+        script = [
+            str(Path(__file__).resolve()),
+            "--worker-out", str(out),
+            "--backends", ",".join(backends),
+            "--rounds", str(args.rounds),
+            "--timeout", str(args.timeout),
+        ]  # fmt: skip
+        launch.run_on_hosts(
+            hosts, script, free_port(), args.timeout, Path(tmp), launch.GLOO_ENV
+        )
+        return [
+            {**row, "hosts": args.hosts, "rtt_ms": args.rtt}
+            for row in json.loads(out.read_text())
+        ]
+
+
 def with_ratios(rows: list[dict[str, Any]], reference: str) -> list[dict[str, Any]]:
     out = []
     for row in rows:
@@ -94,6 +160,8 @@ def with_ratios(rows: list[dict[str, Any]], reference: str) -> list[dict[str, An
 
 
 TABLE = [
+    Column("hosts", "hosts"),
+    Column("rtt ms", "rtt_ms"),
     Column("world", "world"),
     Column("backend", "backend"),
     Column("rounds", "rounds"),
@@ -118,7 +186,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="each backend the default group of its own processes",
     )
+    parser.add_argument(
+        "--hosts",
+        type=int,
+        default=1,
+        help="hosts of two ranks each, as network namespaces (2 to 8; needs root)",
+    )
+    parser.add_argument(
+        "--rtt",
+        type=int,
+        default=0,
+        help="round trip between hosts in ms (with --hosts)",
+    )
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).resolve().parent / "out"
     )
@@ -126,11 +207,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.rounds < 2:
         parser.error("--rounds must be at least 2, for the quartiles")
+    if args.hosts > 1 and args.as_default:
+        parser.error("--hosts runs the backends interleaved only")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.worker_out is not None:
+        worker(args)
+        return 0
     start = start_run(args)
     if start is None:
         return 1
@@ -143,14 +229,24 @@ def main(argv: list[str] | None = None) -> int:
         if args.as_default
         else [(start.reference, start.backends)]
     )
-    for world in args.world_sizes:
+    if args.hosts > 1:
+        try:
+            rows = run_across_hosts(args, start.backends)
+        except (WorldFailed, JobFailed) as exc:
+            print(f"error: {args.hosts} hosts: {exc}", file=sys.stderr)
+            return 1
+    for world in args.world_sizes if args.hosts == 1 else []:
         for default_backend, backends in runs:
             try:
                 run_world(
                     rank_main,
                     world,
                     {"backends": backends, "rounds": args.rounds},
-                    lambda kind, data: rows.append(data) if kind == "row" else None,
+                    lambda kind, data: (
+                        rows.append({**data, "hosts": 1, "rtt_ms": 0})
+                        if kind == "row"
+                        else None
+                    ),
                     timeout_s=args.timeout,
                     default_backend=default_backend,
                 )
@@ -163,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(table, TABLE))
     meta = {**machine, "command": " ".join(sys.argv)}
     name = "group_setup_as_default" if args.as_default else "group_setup"
+    if args.hosts > 1:
+        name = f"group_setup_{args.hosts}hosts_{args.rtt}ms"
     paths = write_outputs(args.out, name, meta, {"rows": table})
     print("\nwrote " + ", ".join(str(p) for p in paths))
     return 0
