@@ -166,14 +166,22 @@ void ProcessGroupGrpc::rendezvous(const c10::intrusive_ptr<c10d::Store>& store) 
   for (int r = 0; r < size_; ++r) {
     if (!absent[r]) awaited.push_back(prefix + "outcome/" + std::to_string(r));
   }
-  store_wait_for(store, awaited, bound);  // the ranks missing are named below
+  // The ranks missing are named below.
+  const bool all_reported = store_wait_for(store, awaited, bound) && awaited.size() == static_cast<size_t>(size_);
 
   // Every report in one read: each rank's outcome, and where the segment is
-  // wanted, whether each rank mapped it.
+  // wanted, whether each rank mapped it. Outcomes that every rank wrote are
+  // read straight away (a round trip less across a long link); a report
+  // that may be missing is looked for first, so that no read waits for it.
   std::vector<std::string> report_keys;
   for (int r = 0; r < size_; ++r) report_keys.push_back(prefix + "outcome/" + std::to_string(r));
   for (int r = 0; r < size_ && segment; ++r) report_keys.push_back(prefix + "segment/" + std::to_string(r));
-  const std::vector<std::optional<std::string>> reports = store_strings_present(store, report_keys);
+  std::vector<std::optional<std::string>> reports;
+  if (all_reported && !segment) {
+    for (std::string& value : store_strings(store, report_keys)) reports.emplace_back(std::move(value));
+  } else {
+    reports = store_strings_present(store, report_keys);
+  }
   std::vector<std::string> failures;
   for (int r = 0; r < size_; ++r) {
     const std::optional<std::string>& outcome = reports[r];
