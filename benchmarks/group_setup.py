@@ -235,24 +235,25 @@ def main(argv: list[str] | None = None) -> int:
         except (WorldFailed, JobFailed) as exc:
             print(f"error: {args.hosts} hosts: {exc}", file=sys.stderr)
             return 1
-    for world in args.world_sizes if args.hosts == 1 else []:
-        for default_backend, backends in runs:
-            try:
-                run_world(
-                    rank_main,
-                    world,
-                    {"backends": backends, "rounds": args.rounds},
-                    lambda kind, data: (
-                        rows.append({**data, "hosts": 1, "rtt_ms": 0})
-                        if kind == "row"
-                        else None
-                    ),
-                    timeout_s=args.timeout,
-                    default_backend=default_backend,
-                )
-            except WorldFailed as exc:
-                print(f"error: world {world}: {exc}", file=sys.stderr)
-                return 1
+    else:
+        for world in args.world_sizes:
+            for default_backend, backends in runs:
+                try:
+                    run_world(
+                        rank_main,
+                        world,
+                        {"backends": backends, "rounds": args.rounds},
+                        lambda kind, data: (
+                            rows.append({**data, "hosts": 1, "rtt_ms": 0})
+                            if kind == "row"
+                            else None
+                        ),
+                        timeout_s=args.timeout,
+                        default_backend=default_backend,
+                    )
+                except WorldFailed as exc:
+                    print(f"error: world {world}: {exc}", file=sys.stderr)
+                    return 1
     machine = start.machine
     table = with_ratios(rows, start.reference)
     print(f"{machine['cpu']}, {machine['cpu_count']} CPUs, {machine['platform']}")

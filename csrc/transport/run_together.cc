@@ -11,6 +11,7 @@
 namespace tgpg {
 
 void run_together(std::vector<std::function<void()>> tasks, size_t max_threads) {
+  if (tasks.empty()) return;
   std::vector<std::exception_ptr> errors(tasks.size());
   std::atomic<size_t> next{0};
   const auto work = [&] {
@@ -22,8 +23,8 @@ void run_together(std::vector<std::function<void()>> tasks, size_t max_threads) 
       }
     }
   };
-  // The calling thread takes its share: a single task runs on it alone.
-  const size_t helpers = std::min(tasks.size(), std::max<size_t>(max_threads, 1)) - (tasks.empty() ? 0 : 1);
+  // The calling thread is one of the workers: a single task runs on it alone.
+  const size_t helpers = std::min(tasks.size(), std::max<size_t>(max_threads, 1)) - 1;
   std::vector<std::thread> threads;
   threads.reserve(helpers);
   for (size_t t = 0; t < helpers; ++t) {
