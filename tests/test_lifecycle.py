@@ -523,6 +523,57 @@ def test_a_dead_peer_fails_the_group_everywhere_within_a_second() -> None:
         assert outcome["call_s"] < 1.0, (res.rank, outcome)
 
 
+# --------------------------------------------------------------------------- a rank missing, another late
+
+
+# After rank 0's first look at the store: it has already opened the group by then.
+LATE_S = 0.5
+# Rank 0 waits this long for its peers; the late rank gives up a second sooner, so
+# that it must have been admitted on arrival, not when rank 0 stopped waiting.
+ADMITTING_S = 3.0
+
+
+def _one_missing_one_late(ctx: RankContext) -> str | None:
+    """Rank 1 never comes; rank 2 comes LATE_S after rank 0 started creating the group."""
+    import torch_grpc_pg
+    from torch_grpc_pg.options import Options
+
+    store = dist.PrefixStore("one-missing-one-late", ctx.store())
+    if ctx.rank == 1:
+        return None
+    store_barrier(ctx.store(), 2, "ranks 0 and 2 start")
+    if ctx.rank == 2:
+        time.sleep(LATE_S)
+    return _raised(
+        lambda: torch_grpc_pg._new_backend(
+            store,
+            ctx.rank,
+            3,
+            OP_TIMEOUT,
+            "late",
+            Options(
+                connect_timeout=timedelta(
+                    seconds=ADMITTING_S - (1.0 if ctx.rank == 2 else 0.0)
+                )
+            ),
+        )
+    )[0]
+
+
+def test_a_late_rank_is_admitted_while_another_is_missing() -> None:
+    """Rank 0 admits each peer as it arrives, not once every peer has: a peer that
+    arrives late is in the group, and every rank names only the one that never came."""
+    for res in run_ranks(_one_missing_one_late, 3, timeout_s=120):
+        if res.rank == 1:
+            continue
+        message = res.value
+        assert message is not None, res.rank
+        assert "rank 1 did not publish an address" in message, (res.rank, message)
+        assert "ranks 1, 2" not in message, (res.rank, message)
+        assert "rank 2: did not publish its address" not in message, (res.rank, message)
+        assert "rank 0 did not open the group" not in message, (res.rank, message)
+
+
 # --------------------------------------------------------------------------- a store that outlives a group
 
 

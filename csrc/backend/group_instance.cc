@@ -12,9 +12,9 @@
 namespace tgpg {
 namespace {
 
-// Rank 0 looks for joins (and reads unjoined peers' hellos again) this soon,
-// doubling up to the most: how late it sees a join, or answers a hello that
-// replaced an earlier instance's, against how often it asks the store.
+// Rank 0 looks for hellos and joins this soon, doubling up to the most: how
+// late it answers a peer that came late (or whose hello replaced an earlier
+// instance's) or sees a join, against how often it asks the store.
 constexpr std::chrono::microseconds kFirstRecheck{100};
 constexpr std::chrono::microseconds kMostRecheck{10000};
 // A peer answered at the deadline gets this long to say it joined.
@@ -52,31 +52,24 @@ std::vector<bool> admit_peers(const c10::intrusive_ptr<c10d::Store>& store, cons
   std::vector<int> pending;
   for (int r = 1; r < size; ++r) pending.push_back(r);
   std::vector<std::set<std::string>> answered(size);
-  // Answers the hellos there are; returns the peers with none yet.
+  // Answers the hellos there are.
   const auto answer = [&]() {
-    std::vector<std::string> silent;
     for (int r : pending) {
       const std::string hello = hello_key(base, r);
-      if (!store->check({hello})) {
-        silent.push_back(hello);
-        continue;
-      }
+      if (!store->check({hello})) continue;
       const std::string nonce = store_string(store, hello);
       if (is_instance_name(nonce) && answered[r].insert(nonce).second) {
         store_set(store, welcome_key(base, r, nonce), name);
       }
     }
-    return silent;
   };
-  // Peers that have not said hello are waited for, not polled: the group needs
-  // every one of them, and the last to arrive is answered at once. A peer whose
-  // hello replaces an earlier instance's waits for its answer until then.
-  const std::vector<std::string> silent = answer();
-  if (!silent.empty()) store_wait_for(store, silent, left_until(deadline));
-  // Joins follow answers within a store round trip or two, unless the hello
-  // answered was an earlier instance's: then its peer's own is read and answered
-  // on a later pass. Polled (check, then sleep) rather than waited for with a
-  // short timeout, which the store's client logs as a warning each time.
+  // Each peer is answered as its hello appears and joins a round trip or two
+  // later; a peer whose hello replaced an earlier instance's is read and
+  // answered again on a later pass. Polled (check, then sleep), never waited
+  // for as a set: a wait for every hello would answer a peer that came only
+  // once the last had come, and with one that never comes, only at the
+  // deadline, after the peers that came had given up on their own. Nor with a
+  // short wait, which the store's client logs as a warning each time.
   auto pause = kFirstRecheck;
   bool last_round = false;
   while (true) {

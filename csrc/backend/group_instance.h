@@ -24,8 +24,9 @@ namespace tgpg {
 //   peer r:  set hello/r = nonce; wait for welcome/r/nonce -> the instance's name;
 //            set <name>/joined/r
 //   rank 0:  name = new_instance_name(); publish its own address under it; then
-//            admit_peers: answer each hello/r it reads with welcome/r/<nonce>,
-//            reading hello/r again until <name>/joined/r appears
+//            admit_peers: answer each hello/r as it appears with welcome/r/<nonce>,
+//            reading hello/r again until <name>/joined/r appears (each peer on
+//            its own: one that is late or never comes holds up no other)
 
 // A fresh random name (128 bits, hex).
 std::string new_instance_name();
