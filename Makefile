@@ -54,8 +54,8 @@ test: build cpp-test sanitize fuzz torch-compat-range
 	$(MAKE) conformance
 
 # PyTorch's own distributed suite (DistributedTest._DistTestBase) under gloo and grpc at
-# worlds 2 and 3; fails when grpc does not pass a test that gloo passes (tests/conformance).
-# About 5 min on 2 cores; the last step of make test.
+# worlds 2, 3 and 4; fails when grpc does not pass a test that gloo passes (tests/conformance).
+# About 8 min on 2 cores; the last step of make test.
 CONFORMANCE_ARGS ?=
 conformance: build
 	$(PY) tests/conformance/run.py $(CONFORMANCE_ARGS)

@@ -134,7 +134,7 @@ GLOO_ONLY_TESTS: dict[str, str] = dict.fromkeys(
         "test_monitored_barrier_gloo",
         "test_monitored_barrier_gloo_rank_0_timeout",
         "test_monitored_barrier_gloo_subgroup",
-        # These two need a world of 8 and skip for gloo too at worlds 2 and 3.
+        # These two need a world of 8 and skip for gloo too at worlds 2 to 4.
         "test_monitored_barrier_failure_order",
         "test_monitored_barrier_wait_all_ranks",
     ),

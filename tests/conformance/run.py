@@ -1,6 +1,6 @@
 """Runs PyTorch's distributed suite under gloo and grpc and holds grpc to gloo's results.
 
-    python tests/conformance/run.py                       # worlds 2 and 3, both backends
+    python tests/conformance/run.py                       # worlds 2, 3 and 4, both backends
     python tests/conformance/run.py -k all_gather         # a subset (pytest's -k)
     python tests/conformance/run.py --json out.json       # every outcome, for docs/conformance.md
 
@@ -224,7 +224,7 @@ def closing_line(grpc: dict[int, dict[str, Outcome]], violations: list[Finding])
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--worlds", type=int, nargs="+", default=[2, 3])
+    parser.add_argument("--worlds", type=int, nargs="+", default=[2, 3, 4])
     parser.add_argument("-k", dest="keyword", help="pytest -k expression: a subset")
     parser.add_argument(
         "--out", type=Path, default=Path("build/conformance"), help="logs and JUnit XML"
