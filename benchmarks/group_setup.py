@@ -223,12 +223,6 @@ def main(argv: list[str] | None = None) -> int:
     for note in start.notes:
         print(f"note: {note}", file=sys.stderr)
     rows: list[dict[str, Any]] = []
-    # Interleaved: every backend in one set of processes. As default: one set each.
-    runs = (
-        [(b, [b]) for b in start.backends]
-        if args.as_default
-        else [(start.reference, start.backends)]
-    )
     if args.hosts > 1:
         try:
             rows = run_across_hosts(args, start.backends)
@@ -236,6 +230,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {args.hosts} hosts: {exc}", file=sys.stderr)
             return 1
     else:
+        # Interleaved: every backend in one set of processes. As default: one set each.
+        runs = (
+            [(b, [b]) for b in start.backends]
+            if args.as_default
+            else [(start.reference, start.backends)]
+        )
         for world in args.world_sizes:
             for default_backend, backends in runs:
                 try:
